@@ -1,0 +1,51 @@
+"""The errors arrayfeed raises.
+
+Every error derives from :class:`ArrayfeedError` and also from the builtin a caller would
+already catch (``ValueError``, ``TypeError``, ``FileNotFoundError`` …), so ``except ValueError``
+keeps working. Messages name the argument, what was expected, what was received and the fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArrayfeedError",
+    "ConfigError",
+    "CorruptDataError",
+    "DtypeError",
+    "MapBatchError",
+    "ShapeError",
+    "SourceNotFoundError",
+    "StructureError",
+]
+
+
+class ArrayfeedError(Exception):
+    """Base class of every error raised by arrayfeed."""
+
+
+class ConfigError(ArrayfeedError, ValueError):
+    """An argument or environment setting has a value arrayfeed cannot use."""
+
+
+class ShapeError(ArrayfeedError, ValueError):
+    """Arrays are empty, 0-d, or disagree in length along the batch axis."""
+
+
+class DtypeError(ArrayfeedError, TypeError):
+    """An array's dtype cannot be fed to TensorFlow (object, structured, strings …)."""
+
+
+class StructureError(ArrayfeedError, TypeError):
+    """`x`, `y`, `sample_weight` or a `map_batch` result is not a supported structure."""
+
+
+class SourceNotFoundError(ArrayfeedError, FileNotFoundError):
+    """A file, HDF5 dataset or Zarr array named as a source does not exist."""
+
+
+class CorruptDataError(ArrayfeedError, OSError):
+    """Stored data is truncated, corrupted, missing or changed since it was opened."""
+
+
+class MapBatchError(ArrayfeedError, ValueError):
+    """`map_batch` raised, or returned something inconsistent with its earlier results."""

@@ -1,0 +1,417 @@
+"""Array sources: what arrayfeed reads rows from.
+
+A :class:`Source` is a structural protocol (``shape``, ``dtype``, ``__len__`` and a batched
+``read``). The core hands ``read`` 1-D ``int64`` indices that are sorted, unique and in bounds,
+and restores the order it wanted afterwards, so a backend never sees unsorted indices (h5py
+requires increasing ones). Backends that can gather rows in any order straight into a caller's
+buffer (in-memory arrays, memory maps) also implement :class:`GatherInto`, which the reader
+probes with ``isinstance`` and uses to skip the sort and the extra copy.
+
+Files are opened lazily, once per process: a source pickles its *path*, never a file handle,
+so it survives ``spawn`` and ``fork`` into worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+import zarr
+
+from ._errors import CorruptDataError, DtypeError, ShapeError, SourceNotFoundError
+
+__all__ = [
+    "ArraySource",
+    "GatherInto",
+    "H5Source",
+    "NpySource",
+    "Source",
+    "ZarrSource",
+    "as_source",
+    "check_feedable",
+    "is_array_like",
+    "open_array",
+]
+
+Indices = npt.NDArray[np.int64]
+
+#: dtypes TensorFlow represents natively (byte order aside: non-native orders are converted).
+_FEEDABLE_KINDS = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8), "c": (8, 16)}
+
+_HDF5_SUFFIXES = {".h5", ".hdf5", ".he5", ".hdf"}
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Rows of an array, read a batch at a time.
+
+    ``read`` receives sorted, unique, in-bounds ``int64`` indices and returns a new array of
+    shape ``(len(indices), *shape[1:])``.
+    """
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
+
+    def __len__(self) -> int: ...
+
+    def read(self, indices: Indices) -> np.ndarray: ...
+
+
+@runtime_checkable
+class GatherInto(Protocol):
+    """Optional capability: gather rows in any order (duplicates allowed) into ``out``."""
+
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None: ...
+
+
+def _run_bounds(indices: Indices) -> tuple[int, int] | None:
+    """``(start, stop)`` if sorted unique ``indices`` form one contiguous run, else None."""
+    if len(indices) and int(indices[-1]) - int(indices[0]) + 1 == len(indices):
+        return int(indices[0]), int(indices[-1]) + 1
+    return None
+
+
+class ArraySource:
+    """An in-memory ``np.ndarray`` or an ``np.memmap``."""
+
+    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+        self._array = array
+        self.name = name
+
+    @property
+    def array(self) -> np.ndarray:
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.array.dtype
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def read(self, indices: Indices) -> np.ndarray:
+        run = _run_bounds(indices)
+        if run is not None:
+            return np.array(self.array[run[0] : run[1]])
+        return np.take(self.array, indices, axis=0)
+
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None:
+        np.take(self.array, indices, axis=0, out=out)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class NpySource(ArraySource):
+    """A ``.npy`` file, memory-mapped read-only and opened lazily once per process.
+
+    The header is parsed (and the file size checked) when the source is created, so a
+    truncated or corrupted file fails at once, naming the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.name = str(self.path)
+        self._shape, self._dtype, self._fortran, self._offset = _read_npy_header(self.path)
+        self._array: np.ndarray | None = None  # type: ignore[assignment]
+        self._pid = -1
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None or self._pid != os.getpid():
+            self._array = np.memmap(
+                self.path,
+                dtype=self._dtype,
+                mode="r",
+                offset=self._offset,
+                shape=self._shape,
+                order="F" if self._fortran else "C",
+            )
+            self._pid = os.getpid()
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    def __len__(self) -> int:
+        return self._shape[0] if self._shape else 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_array"], state["_pid"] = None, -1
+        return state
+
+
+def _read_npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype[Any], bool, int]:
+    if not path.is_file():
+        raise SourceNotFoundError(f"no .npy file at '{path}'; check the path.")
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise CorruptDataError(
+            f"'{path}' is not a readable .npy file ({exc}); re-create it with numpy.save."
+        ) from None
+    if dtype.hasobject:
+        raise DtypeError(
+            f"'{path}' holds Python objects (dtype {dtype}), which cannot be memory-mapped or fed "
+            "to TensorFlow; save it with a numeric dtype."
+        )
+    expected = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    actual = path.stat().st_size
+    if actual < expected:
+        raise CorruptDataError(
+            f"'{path}' is truncated: its header promises shape {shape} of {dtype} "
+            f"({expected} bytes with the header) but the file has {actual} bytes; re-create it."
+        )
+    return tuple(int(n) for n in shape), dtype, bool(fortran), offset
+
+
+class H5Source:
+    """An ``h5py.Dataset``; reopened read-only by file name in any other process."""
+
+    def __init__(self, dataset: h5py.Dataset) -> None:
+        self.filename = str(dataset.file.filename)
+        self.key = str(dataset.name)
+        self.name = f"{self.filename}:{self.key}"
+        self._shape = tuple(int(n) for n in dataset.shape)
+        self._dtype = dataset.dtype
+        self._dataset: h5py.Dataset | None = dataset
+        self._pid = os.getpid()
+
+    @property
+    def dataset(self) -> h5py.Dataset:
+        if self._dataset is None or self._pid != os.getpid():
+            self._dataset = h5py.File(self.filename, "r")[self.key]
+            self._pid = os.getpid()
+        return self._dataset
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    def __len__(self) -> int:
+        return self._shape[0] if self._shape else 0
+
+    def read(self, indices: Indices) -> np.ndarray:
+        run = _run_bounds(indices)
+        if run is not None:
+            return np.asarray(self.dataset[run[0] : run[1]])
+        return np.asarray(self.dataset[indices])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_dataset"], state["_pid"] = None, -1
+        return state
+
+    def __repr__(self) -> str:
+        return f"H5Source({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class ZarrSource:
+    """A ``zarr.Array`` (Zarr format 3 or 2), read with orthogonal selection."""
+
+    def __init__(self, array: zarr.Array, name: str | None = None) -> None:
+        self.array = array
+        self.name = name or f"{array.store}/{array.path}".rstrip("/")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(n) for n in self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return np.dtype(self.array.dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 0
+
+    def read(self, indices: Indices) -> np.ndarray:
+        run = _run_bounds(indices)
+        if run is not None:
+            return np.asarray(self.array[run[0] : run[1]])
+        return np.asarray(self.array.oindex[indices])
+
+    def __repr__(self) -> str:
+        return f"ZarrSource({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+def open_array(path: str | os.PathLike[str], key: str | None = None) -> Source:
+    """Open an array on disk as a :class:`Source`, without reading its data.
+
+    - ``.npy``: memory-mapped read-only (``key`` must be None).
+    - ``.npz``: the array ``key`` (loaded into memory; ``.npz`` members cannot be memory-mapped).
+    - HDF5 (``.h5``, ``.hdf5`` … or any file with the HDF5 signature): the dataset at ``key``;
+      ``key`` may be omitted when the file holds exactly one dataset.
+    - Zarr (a directory store): the array itself when ``key`` is None, or the array at ``key``
+      inside a group.
+
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+    >>> np.save(path, np.arange(6).reshape(3, 2))
+    >>> src = open_array(path)
+    >>> src.shape, len(src)
+    ((3, 2), 3)
+    """
+    p = Path(path)
+    if not p.exists():
+        raise SourceNotFoundError(f"nothing at '{p}'; check the path.")
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        if key is not None:
+            raise SourceNotFoundError(f"'{p}' is a .npy file, which holds one array; drop `key` ({key!r}).")
+        return NpySource(p)
+    if suffix == ".npz":
+        return _open_npz(p, key)
+    if p.is_dir():
+        return _open_zarr(p, key)
+    if suffix in _HDF5_SUFFIXES or h5py.is_hdf5(p):
+        return _open_hdf5(p, key)
+    raise SourceNotFoundError(
+        f"'{p}' is not a .npy, .npz, HDF5 file or Zarr store; convert it with `arrayfeed convert`."
+    )
+
+
+def _open_npz(path: Path, key: str | None) -> Source:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            names = list(npz.files)
+            if key is None and len(names) == 1:
+                key = names[0]
+            if key not in names:
+                raise SourceNotFoundError(
+                    f"'{path}' has no array {key!r}; it holds {names}. Pass one as `key`."
+                )
+            array = npz[key]
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise CorruptDataError(f"'{path}' is not a readable .npz file ({exc}).") from None
+    return ArraySource(array, name=f"{path}:{key}")
+
+
+def _open_hdf5(path: Path, key: str | None) -> Source:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise CorruptDataError(f"cannot open HDF5 file '{path}' for reading ({exc}).") from None
+    datasets: list[str] = []
+    f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
+    if key is None and len(datasets) == 1:
+        key = datasets[0]
+    node = f.get(key) if key is not None else None
+    if not isinstance(node, h5py.Dataset):
+        f.close()
+        raise SourceNotFoundError(
+            f"'{path}' has no dataset {key!r}; its datasets are {datasets}. Pass one as `key`."
+        )
+    return H5Source(node)
+
+
+def _open_zarr(path: Path, key: str | None) -> Source:
+    try:
+        node = zarr.open(store=str(path), mode="r")
+    except Exception as exc:  # zarr raises several unrelated types for a non-store directory
+        raise SourceNotFoundError(f"'{path}' is not a Zarr store ({exc}).") from None
+    if key is not None:
+        if not isinstance(node, zarr.Group) or not isinstance(node.get(key), zarr.Array):
+            names = _zarr_arrays(node)
+            raise SourceNotFoundError(
+                f"'{path}' has no array {key!r}; its arrays are {names}. Pass one as `key`."
+            )
+        node = node[key]
+    if isinstance(node, zarr.Group):
+        names = _zarr_arrays(node)
+        if len(names) != 1:
+            raise SourceNotFoundError(
+                f"'{path}' is a Zarr group with arrays {names}; pass one of them as `key`."
+            )
+        key = names[0]
+        node = node[key]
+    return ZarrSource(node, name=f"{path}:{key}" if key else str(path))
+
+
+def _zarr_arrays(node: Any) -> list[str]:
+    if not isinstance(node, zarr.Group):
+        return []
+    return sorted(name for name, _ in node.members(max_depth=None) if isinstance(node[name], zarr.Array))
+
+
+def is_array_like(obj: Any) -> bool:
+    """True for what arrayfeed accepts as one leaf of `x`, `y` or `sample_weight`."""
+    if isinstance(obj, (np.ndarray, h5py.Dataset, zarr.Array, str, os.PathLike)):
+        return True
+    if isinstance(obj, (tuple, list, Mapping)):
+        return False
+    return isinstance(obj, Source) or hasattr(obj, "__array__")
+
+
+def as_source(obj: Any, name: str) -> Source:
+    """Wrap one array-like as a :class:`Source` (``name`` is used in messages)."""
+    if isinstance(obj, np.ndarray):
+        return ArraySource(obj, name=name)
+    if isinstance(obj, (str, os.PathLike)):
+        return open_array(obj)
+    if isinstance(obj, h5py.Dataset):
+        return H5Source(obj)
+    if isinstance(obj, zarr.Array):
+        return ZarrSource(obj)
+    if isinstance(obj, Source):
+        return obj
+    return ArraySource(np.asarray(obj), name=name)
+
+
+def check_feedable(source: Source, name: str) -> None:
+    """Raise a named error if ``source`` cannot be fed to TensorFlow as batches of rows."""
+    dtype = np.dtype(source.dtype)
+    if dtype.hasobject:
+        raise DtypeError(
+            f"`{name}` has dtype object, which TensorFlow cannot take; convert it to a numeric "
+            "dtype (e.g. `np.asarray(a, dtype=np.float32)`)."
+        )
+    if dtype.fields is not None:
+        raise DtypeError(
+            f"`{name}` has a structured dtype {dtype}; pass each field as its own array, e.g. "
+            "`{'a': arr['a'], 'b': arr['b']}`."
+        )
+    if dtype.kind in "USM" or dtype.kind == "m":
+        raise DtypeError(
+            f"`{name}` has dtype {dtype}, which arrayfeed does not feed; encode it as numbers "
+            "(e.g. token ids or integer timestamps) first."
+        )
+    if dtype.itemsize not in _FEEDABLE_KINDS.get(dtype.kind, ()):
+        raise DtypeError(
+            f"`{name}` has dtype {dtype}, which TensorFlow cannot represent; cast it to a supported "
+            "dtype (bool, (u)int8-64, float16/32/64, complex64/128)."
+        )
+    if len(source.shape) == 0:
+        raise ShapeError(
+            f"`{name}` is 0-d (a scalar); arrayfeed needs arrays with a batch axis. Use shape (N, ...)."
+        )
+    if len(source) == 0:
+        raise ShapeError(f"`{name}` is empty (shape {source.shape}); give it at least one row.")
