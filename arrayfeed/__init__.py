@@ -6,7 +6,8 @@
 4
 """
 
-from ._dataset import from_arrays
+from typing import TYPE_CHECKING, Any
+
 from ._errors import (
     ArrayfeedError,
     ConfigError,
@@ -20,7 +21,20 @@ from ._errors import (
 from ._shard import Shard
 from ._sources import GatherInto, Source, open_array
 
+if TYPE_CHECKING:
+    from ._dataset import from_arrays
+
 __version__ = "0.1.0.dev0"
+
+
+def __getattr__(name: str) -> Any:
+    # TensorFlow is imported on first use of `from_arrays`, so that the CLI and conversion
+    # (which do not need it) start fast.
+    if name == "from_arrays":
+        from ._dataset import from_arrays
+
+        return from_arrays
+    raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
 __all__ = [
     "ArrayfeedError",
