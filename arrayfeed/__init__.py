@@ -36,6 +36,7 @@ def __getattr__(name: str) -> Any:
         return from_arrays
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
+
 __all__ = [
     "ArrayfeedError",
     "ConfigError",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +21,7 @@ from ._structure import Treedef, flatten
 
 __all__ = ["from_arrays"]
 
-ShardArg = Shard | tf.distribute.InputContext | Literal["auto"] | None
+ShardArg: TypeAlias = "Shard | tf.distribute.InputContext | Literal['auto'] | None"
 
 
 def from_arrays(
@@ -169,7 +169,10 @@ def _dataset(feed: Feed, *, sharded_by_us: bool) -> tf.data.Dataset:
     plan = feed.plan
     rows = plan.batch_size if plan.drop_remainder else None
     signature = feed.treedef.unflatten(
-        [tf.TensorSpec((None, rows, *spec.row_shape), tf.as_dtype(spec.dtype)) for spec in feed.specs]
+        [
+            tf.TensorSpec((None, rows, *spec.row_shape), tf.as_dtype(spec.dtype))
+            for spec in feed.specs
+        ]
     )
     ds = tf.data.Dataset.from_generator(feed, output_signature=signature)
     ds = ds.unbatch().prefetch(2)

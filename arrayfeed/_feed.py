@@ -81,7 +81,9 @@ class Feed:
             self.specs = [LeafSpec(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources]
         else:
             self.treedef, self.specs = self._probe_map_batch()
-        row_bytes = sum(int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs)
+        row_bytes = sum(
+            int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
+        )
         batch_bytes = max(1, row_bytes * plan.batch_size)
         self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
 
@@ -101,7 +103,9 @@ class Feed:
         """``(first_step, stop_step)`` of each group; a short last batch is a group of its own."""
         plan = self.plan
         full = plan.rows_per_epoch // plan.batch_size
-        bounds = [(s, min(s + self.group_steps, full)) for s in range(start_step, full, self.group_steps)]
+        bounds = [
+            (s, min(s + self.group_steps, full)) for s in range(start_step, full, self.group_steps)
+        ]
         if plan.steps > full and start_step <= full:
             bounds.append((full, full + 1))
         return bounds

@@ -50,7 +50,9 @@ def _mix(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return x ^ (x >> np.uint64(31))
 
 
-def _encrypt(x: npt.NDArray[np.uint64], half_bits: int, keys: list[np.uint64]) -> npt.NDArray[np.uint64]:
+def _encrypt(
+    x: npt.NDArray[np.uint64], half_bits: int, keys: list[np.uint64]
+) -> npt.NDArray[np.uint64]:
     shift = np.uint64(half_bits)
     mask = np.uint64((1 << half_bits) - 1)
     left = x >> shift

@@ -51,7 +51,7 @@ class Plan:
 
     n_rows: int
     batch_size: int
-    shard: Shard = Shard(1, 0)
+    shard: Shard = Shard(1, 0)  # noqa: RUF009  (frozen, so sharing the default is safe)
     drop_remainder: bool = False
     shuffle: ShuffleMode = "full"
     seed: int = 0
@@ -99,12 +99,16 @@ class Plan:
         self._check_step(step)
         return min(self.batch_size, self.rows_per_epoch - step * self.batch_size)
 
-    def indices(self, epoch: int, start_step: int, stop_step: int | None = None) -> npt.NDArray[np.int64]:
+    def indices(
+        self, epoch: int, start_step: int, stop_step: int | None = None
+    ) -> npt.NDArray[np.int64]:
         """Row indices of steps ``[start_step, stop_step)`` of ``epoch``, concatenated, as int64."""
         stop_step = start_step + 1 if stop_step is None else stop_step
         self._check_step(start_step)
         if not start_step < stop_step <= self.steps:
-            raise ValueError(f"steps must satisfy {start_step} < stop_step <= {self.steps} (got {stop_step}).")
+            raise ValueError(
+                f"steps must satisfy {start_step} < stop_step <= {self.steps} (got {stop_step})."
+            )
         first = start_step * self.batch_size
         last = min(stop_step * self.batch_size, self.rows_per_epoch)
         positions = np.arange(first, last, dtype=np.int64)

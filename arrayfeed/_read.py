@@ -50,7 +50,9 @@ class _SortedRequest:
 
 
 def read_rows(
-    sources: Sequence[Source], indices: npt.NDArray[np.int64], lead_shape: tuple[int, ...] | None = None
+    sources: Sequence[Source],
+    indices: npt.NDArray[np.int64],
+    lead_shape: tuple[int, ...] | None = None,
 ) -> list[np.ndarray]:
     """Rows ``indices`` (any order, duplicates allowed) of every source, in that order.
 
@@ -62,7 +64,7 @@ def read_rows(
     results = []
     for source in sources:
         out = aligned_empty(lead + tuple(source.shape[1:]), native_dtype(source.dtype))
-        flat = out.reshape((len(indices),) + out.shape[len(lead) :])
+        flat = out.reshape((len(indices), *out.shape[len(lead) :]))
         if isinstance(source, GatherInto):
             source.gather_into(indices, flat)
         else:

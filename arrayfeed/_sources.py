@@ -198,7 +198,7 @@ class H5Source:
         self.key = str(dataset.name)
         self.name = f"{self.filename}:{self.key}"
         self._shape = tuple(int(n) for n in dataset.shape)
-        self._dtype = dataset.dtype
+        self._dtype: np.dtype[Any] = np.dtype(dataset.dtype)
         self._dataset: h5py.Dataset | None = dataset
         self._pid = os.getpid()
 
@@ -238,7 +238,7 @@ class H5Source:
 class ZarrSource:
     """A ``zarr.Array`` (Zarr format 3 or 2), read with orthogonal selection."""
 
-    def __init__(self, array: zarr.Array, name: str | None = None) -> None:
+    def __init__(self, array: zarr.Array[Any], name: str | None = None) -> None:
         self.array = array
         self.name = name or f"{array.store}/{array.path}".rstrip("/")
 
@@ -286,7 +286,9 @@ def open_array(path: str | os.PathLike[str], key: str | None = None) -> Source:
     suffix = p.suffix.lower()
     if suffix == ".npy":
         if key is not None:
-            raise SourceNotFoundError(f"'{p}' is a .npy file, which holds one array; drop `key` ({key!r}).")
+            raise SourceNotFoundError(
+                f"'{p}' is a .npy file, which holds one array; drop `key` ({key!r})."
+            )
         return NpySource(p)
     if suffix == ".npz":
         return _open_npz(p, key)
@@ -305,13 +307,13 @@ def _open_npz(path: Path, key: str | None) -> Source:
             names = list(npz.files)
             if key is None and len(names) == 1:
                 key = names[0]
-            if key not in names:
-                raise SourceNotFoundError(
-                    f"'{path}' has no array {key!r}; it holds {names}. Pass one as `key`."
-                )
-            array = npz[key]
+            array = npz[key] if key in names else None
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
         raise CorruptDataError(f"'{path}' is not a readable .npz file ({exc}).") from None
+    if array is None:
+        raise SourceNotFoundError(
+            f"'{path}' has no array {key!r}; it holds {names}. Pass one as `key`."
+        )
     return ArraySource(array, name=f"{path}:{key}")
 
 
@@ -353,13 +355,16 @@ def _open_zarr(path: Path, key: str | None) -> Source:
             )
         key = names[0]
         node = node[key]
+    assert isinstance(node, zarr.Array)
     return ZarrSource(node, name=f"{path}:{key}" if key else str(path))
 
 
 def _zarr_arrays(node: Any) -> list[str]:
     if not isinstance(node, zarr.Group):
         return []
-    return sorted(name for name, _ in node.members(max_depth=None) if isinstance(node[name], zarr.Array))
+    return sorted(
+        name for name, _ in node.members(max_depth=None) if isinstance(node[name], zarr.Array)
+    )
 
 
 def is_array_like(obj: Any) -> bool:

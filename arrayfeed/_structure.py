@@ -58,7 +58,9 @@ class Treedef:
         return names
 
 
-def flatten(structure: Any, is_leaf: Callable[[Any], bool], name: str = "value") -> tuple[list[Any], Treedef]:
+def flatten(
+    structure: Any, is_leaf: Callable[[Any], bool], name: str = "value"
+) -> tuple[list[Any], Treedef]:
     """Flatten ``structure`` into its leaves and a :class:`Treedef`.
 
     ``is_leaf`` decides what counts as a leaf; anything that is neither a leaf, a tuple, a list
@@ -87,7 +89,9 @@ def _flatten(node: Any, is_leaf: Callable[[Any], bool], path: str, leaves: list[
         return Treedef("dict", children, keys)
     if isinstance(node, (tuple, list)):
         if not node:
-            raise StructureError(f"`{path}` is an empty {type(node).__name__}; give it at least one array.")
+            raise StructureError(
+                f"`{path}` is an empty {type(node).__name__}; give it at least one array."
+            )
         children = tuple(_flatten(v, is_leaf, f"{path}[{i}]", leaves) for i, v in enumerate(node))
         return Treedef("tuple", children)
     raise StructureError(

@@ -1,0 +1,93 @@
+"""Shared fixtures: small real files for every backend, written under ``tmp_path``."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+import arrayfeed as af
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: Backend name -> writer(tmp_path, name, array) returning what a user passes to from_arrays.
+Writer = Callable[[Path, str, np.ndarray], object]
+
+
+def _ndarray(tmp: Path, name: str, a: np.ndarray) -> object:
+    return a.copy()
+
+
+def _memmap(tmp: Path, name: str, a: np.ndarray) -> object:
+    path = tmp / f"{name}.mm.npy"
+    np.save(path, a)
+    return np.load(path, mmap_mode="r")
+
+
+def _npy_path(tmp: Path, name: str, a: np.ndarray) -> object:
+    path = tmp / f"{name}.npy"
+    np.save(path, a)
+    return str(path)
+
+
+def _hdf5(tmp: Path, name: str, a: np.ndarray) -> object:
+    path = tmp / f"{name}.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(f"group/{name}", data=a, chunks=(max(1, min(len(a), 7)), *a.shape[1:]))
+    return h5py.File(path, "r")[f"group/{name}"]
+
+
+def _zarr(tmp: Path, name: str, a: np.ndarray) -> object:
+    z = zarr.create_array(
+        tmp / f"{name}.zarr", shape=a.shape, dtype=a.dtype, chunks=(5, *a.shape[1:])
+    )
+    z[...] = a
+    return zarr.open_array(tmp / f"{name}.zarr", mode="r")
+
+
+def _open_array(tmp: Path, name: str, a: np.ndarray) -> object:
+    path = tmp / f"{name}.oa.h5"
+    with h5py.File(path, "w") as f:
+        f[f"d/{name}"] = a
+    return af.open_array(path, key=f"d/{name}")
+
+
+BACKENDS: dict[str, Writer] = {
+    "ndarray": _ndarray,
+    "memmap": _memmap,
+    "npy_path": _npy_path,
+    "hdf5": _hdf5,
+    "zarr": _zarr,
+    "open_array": _open_array,
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> Callable[[str, str, np.ndarray], object]:
+    """``write(backend, name, array)`` stores ``array`` with that backend and returns the leaf."""
+
+    def _write(backend: str, name: str, array: np.ndarray) -> object:
+        return BACKENDS[backend](tmp_path, name, array)
+
+    return _write
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for child Python processes that must import this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    return env

@@ -1,0 +1,333 @@
+"""``from_arrays`` end to end: real files, real tf.data iteration, real Keras ``fit``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import arrayfeed as af
+from arrayfeed._plan import Plan
+
+from .conftest import BACKENDS, subprocess_env
+
+Write = Callable[[str, str, np.ndarray], object]
+N = 103  # prime, so batches and shards never divide evenly
+
+
+def _row_ids(element: Any) -> list[np.ndarray]:
+    """Row ids decoded from every leaf of a batch (each leaf encodes its row id)."""
+    leaves = tf.nest.flatten(element)
+    ids = []
+    for leaf in leaves:
+        a = leaf.numpy()
+        ids.append(np.round(a.reshape(len(a), -1)[:, 0].astype(np.float64) / 2).astype(np.int64))
+    return ids
+
+
+def _encoded(n: int, row_shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Row i holds 2*i (mod the dtype's range) in its first element, noise elsewhere."""
+    rng = np.random.default_rng(n)
+    a = rng.integers(0, 50, size=(n, *row_shape)).astype(dtype)
+    a.reshape(n, -1)[:, 0] = (2 * np.arange(n)).astype(dtype)
+    return a
+
+
+def _epoch_ids(ds: tf.data.Dataset) -> np.ndarray:
+    batches = []
+    for element in ds:
+        ids = _row_ids(element)
+        for other in ids[1:]:
+            np.testing.assert_array_equal(other, ids[0])  # every leaf is the same row
+        batches.append(ids[0])
+    return np.concatenate(batches)
+
+
+def test_all_backends_in_one_structure_stay_aligned_after_shuffling(write: Write) -> None:
+    leaves = {name: write(name, f"leaf_{name}", _encoded(N, (3,), "float64")) for name in BACKENDS}
+    x = {
+        "image": leaves["npy_path"],
+        "meta": leaves["hdf5"],
+        "nested": [leaves["memmap"], leaves["open_array"]],
+    }
+    y = {"cls": leaves["zarr"], "reg": leaves["ndarray"]}
+    ds = af.from_arrays(x, y, batch_size=10, shuffle=True, seed=3)
+    assert len(ds) == 11
+    first, second = _epoch_ids(ds), _epoch_ids(ds)
+    assert sorted(first.tolist()) == list(range(N)) == sorted(second.tolist())
+    assert not np.array_equal(first, second)
+    assert not np.array_equal(first, np.arange(N))
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int64", "float16", "float64", "int32"])
+def test_every_backend_keeps_rows_dtype_and_shape(write: Write, backend: str, dtype: str) -> None:
+    a = _encoded(N, (2, 3), dtype)
+    labels = _encoded(N, (), "int64")
+    ds = af.from_arrays(write(backend, "a", a), labels, batch_size=16, seed=1, drop_remainder=True)
+    spec_x, spec_y = ds.element_spec
+    assert spec_x == tf.TensorSpec((16, 2, 3), tf.as_dtype(dtype))
+    assert spec_y == tf.TensorSpec((16,), tf.int64)
+    seen = []
+    for xb, yb in ds:
+        ids = yb.numpy() // 2
+        np.testing.assert_array_equal(xb.numpy(), a[ids])
+        seen.append(ids)
+    assert len(np.concatenate(seen)) == (N // 16) * 16
+
+
+def test_bool_and_float16_values_exact() -> None:
+    flags = np.arange(N) % 3 == 0
+    halves = (np.arange(N) / 7).astype(np.float16)
+    ds = af.from_arrays({"f": flags, "h": halves}, np.arange(N), batch_size=9, seed=0)
+    for xb, yb in ds:
+        ids = yb.numpy()
+        np.testing.assert_array_equal(xb["f"].numpy(), flags[ids])
+        np.testing.assert_array_equal(xb["h"].numpy(), halves[ids])
+
+
+def test_len_and_dynamic_batch_axis() -> None:
+    ds = af.from_arrays(np.zeros((N, 4), np.float32), batch_size=10)
+    assert len(ds) == 11
+    assert ds.element_spec.shape.as_list() == [None, 4]
+    sizes = [len(b) for b in ds]
+    assert sizes == [10] * 10 + [3]
+
+
+def test_shuffle_false_gives_storage_order() -> None:
+    ds = af.from_arrays(np.arange(N) * 2, batch_size=7, shuffle=False)
+    np.testing.assert_array_equal(np.concatenate([b.numpy() for b in ds]), np.arange(N) * 2)
+    np.testing.assert_array_equal(np.concatenate([b.numpy() for b in ds]), np.arange(N) * 2)
+
+
+def test_elements_are_what_keras_takes() -> None:
+    x, y, w = np.zeros((N, 2)), np.ones(N), np.full(N, 0.5)
+    assert isinstance(af.from_arrays(x).element_spec, tf.TensorSpec)
+    assert len(af.from_arrays(x, y).element_spec) == 2
+    assert len(af.from_arrays(x, y, w).element_spec) == 3
+    spec = af.from_arrays([x, x], {"o": y}).element_spec
+    assert isinstance(spec, tuple) and isinstance(spec[0], tuple) and set(spec[1]) == {"o"}
+    with pytest.raises(af.StructureError, match="`sample_weight` needs `y`"):
+        af.from_arrays(x, sample_weight=w)
+
+
+def test_batches_held_across_epochs_stay_intact() -> None:
+    a = _encoded(N, (5,), "float32")
+    ds = af.from_arrays(a, np.arange(N), batch_size=8, seed=2)
+    held = [(xb, yb) for xb, yb in ds]
+    snapshot = [(xb.numpy().copy(), yb.numpy().copy()) for xb, yb in held]
+    for _ in range(2):
+        for _ in ds:
+            pass
+    for (xb, yb), (xs, ys) in zip(held, snapshot, strict=True):
+        np.testing.assert_array_equal(xb.numpy(), xs)
+        np.testing.assert_array_equal(yb.numpy(), ys)
+        np.testing.assert_array_equal(xs, a[ys])
+
+
+def test_callers_arrays_are_never_written(tmp_path: Path) -> None:
+    a = _encoded(N, (4,), "float32")
+    original = a.copy()
+
+    def scribble(batch: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        xb, yb = batch
+        xb += 1000  # a map_batch that writes into its input must not reach the caller's array
+        return xb, yb
+
+    ds = af.from_arrays(a, np.arange(N), batch_size=8, seed=2, map_batch=scribble)
+    ds = ds.map(lambda xb, yb: (xb * 2, yb))  # downstream ops may reuse buffers
+    for xb, yb in ds:
+        np.testing.assert_array_equal(xb.numpy(), (original[yb.numpy()] + 1000) * 2)
+    np.testing.assert_array_equal(a, original)
+
+
+def test_map_batch_changes_the_signature() -> None:
+    images = np.arange(N * 4, dtype=np.uint8).reshape(N, 2, 2)
+
+    def normalise(
+        batch: tuple[dict[str, np.ndarray], np.ndarray],
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        x, y = batch
+        return {"pixels": x["img"].reshape(len(y), 4).astype(np.float32) / 255}, y.astype(np.int32)
+
+    ds = af.from_arrays({"img": images}, np.arange(N), batch_size=10, seed=0, map_batch=normalise)
+    assert ds.element_spec == (
+        {"pixels": tf.TensorSpec((None, 4), tf.float32)},
+        tf.TensorSpec((None,), tf.int32),
+    )
+    for xb, yb in ds:
+        expected = images[yb.numpy()].reshape(-1, 4).astype(np.float32) / 255
+        np.testing.assert_allclose(xb["pixels"].numpy(), expected)
+
+
+def test_map_batch_error_reaches_the_user() -> None:
+    calls = {"n": 0}
+
+    def flaky(batch: np.ndarray) -> np.ndarray:
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise RuntimeError("augmentation exploded on purpose")
+        return batch
+
+    ds = af.from_arrays(np.arange(N), batch_size=4, seed=0, map_batch=flaky, num_threads=1)
+    with pytest.raises(tf.errors.OpError, match="augmentation exploded on purpose"):
+        for _ in ds:
+            pass
+
+
+def test_shards_are_disjoint_contiguous_and_equal_in_steps() -> None:
+    data = np.arange(N)
+    per_worker = []
+    for k in range(4):
+        ds = af.from_arrays(data, batch_size=5, seed=11, shard=af.Shard(4, k))
+        batches = [b.numpy() for b in ds]
+        assert len(batches) == len(ds) == 5  # 25 rows per worker per epoch
+        rows = np.concatenate(batches)
+        start, stop = (N * k) // 4, (N * (k + 1)) // 4
+        assert ((rows >= start) & (rows < stop)).all()
+        per_worker.append(rows)
+    everything = np.concatenate(per_worker)
+    assert len(np.unique(everything)) == len(everything) == 100  # 3 rows left out for equal steps
+
+
+DETERMINISM_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import arrayfeed as af
+    ds = af.from_arrays(np.arange(103), batch_size=10, seed=int(sys.argv[1]))
+    print(json.dumps([[int(v) for b in ds for v in b.numpy()] for _ in range(3)]))
+    """
+)
+
+
+def test_same_seed_same_stream_in_a_fresh_process() -> None:
+    def run(seed: int) -> list[list[int]]:
+        out = subprocess.run(
+            [sys.executable, "-c", DETERMINISM_SCRIPT, str(seed)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            check=True,
+            timeout=120,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+    local = af.from_arrays(np.arange(N), batch_size=10, seed=42)
+    here = [[int(v) for b in local for v in b.numpy()] for _ in range(3)]
+    assert run(42) == here
+    assert run(43) != here
+    assert len({tuple(epoch) for epoch in here}) == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "builtin", "match"),
+    [
+        ({"x": np.zeros((5, 2)), "y": np.zeros(4)}, af.ShapeError, ValueError, r"got x: 5, y: 4"),
+        (
+            {"x": {"a": np.zeros(5), "b": np.zeros(6)}, "y": [np.zeros(5)]},
+            af.ShapeError,
+            ValueError,
+            r"x\['a'\]: 5, x\['b'\]: 6, y\[0\]: 5",
+        ),
+        ({"x": np.zeros((0, 3))}, af.ShapeError, ValueError, "`x` is empty"),
+        ({"x": np.float64(3.0)}, af.ShapeError, ValueError, "0-d"),
+        (
+            {"x": np.zeros(5), "batch_size": 0},
+            af.ConfigError,
+            ValueError,
+            r"`batch_size` must be a positive int \(got 0\)",
+        ),
+        ({"x": np.zeros(5), "batch_size": -3}, af.ConfigError, ValueError, "positive int"),
+        ({"x": np.array([{}, {}], dtype=object)}, af.DtypeError, TypeError, "dtype object"),
+        (
+            {"x": "/no/such/file.npy"},
+            af.SourceNotFoundError,
+            FileNotFoundError,
+            "nothing at '/no/such/file.npy'",
+        ),
+        ({"x": np.zeros(5), "shuffle": "maybe"}, af.ConfigError, ValueError, "`shuffle`"),
+        ({"x": np.zeros(5), "seed": -1}, af.ConfigError, ValueError, "`seed`"),
+        ({"x": np.zeros(5), "shard": 3}, af.ConfigError, ValueError, "`shard` must be"),
+        (
+            {"x": np.zeros(5), "map_batch": 3},
+            af.ConfigError,
+            ValueError,
+            "`map_batch` must be callable",
+        ),
+        ({"x": np.zeros(5), "num_threads": 0}, af.ConfigError, ValueError, "`num_threads`"),
+        ({"x": {"a": object()}}, af.StructureError, TypeError, r"`x\['a'\]` is a builtins.object"),
+    ],
+)
+def test_errors_are_named_and_raised_at_call(
+    kwargs: dict[str, Any], error: type[Exception], builtin: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match) as info:
+        af.from_arrays(**kwargs)
+    assert isinstance(info.value, builtin) and isinstance(info.value, af.ArrayfeedError)
+
+
+def _two_in_two_out() -> keras.Model:
+    image = keras.Input((4, 4, 1), name="image")
+    meta = keras.Input((3,), name="meta")
+    h = keras.layers.Concatenate()([keras.layers.Flatten()(image), meta])
+    h = keras.layers.Dense(16, activation="relu")(h)
+    model = keras.Model(
+        {"image": image, "meta": meta},
+        {"cls": keras.layers.Dense(3, name="cls")(h), "reg": keras.layers.Dense(1, name="reg")(h)},
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+    )
+    return model
+
+
+@pytest.mark.slow
+def test_keras_fit_multi_input_multi_output_from_disk(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    n = 600
+    images = rng.random((n, 4, 4, 1), dtype=np.float32)
+    meta = rng.random((n, 3), dtype=np.float32)
+    cls = (images.mean(axis=(1, 2, 3)) > 0.5).astype(np.int64) + (meta[:, 0] > 0.5)
+    reg = meta.sum(axis=1, keepdims=True)
+    np.save(tmp_path / "images.npy", images)
+    with h5py.File(tmp_path / "meta.h5", "w") as f:
+        f["train/meta"] = meta
+    x = {
+        "image": str(tmp_path / "images.npy"),
+        "meta": h5py.File(tmp_path / "meta.h5", "r")["train/meta"],
+    }
+    y = {"cls": cls, "reg": reg}
+    train = af.from_arrays(x, y, batch_size=32, seed=0)
+    val = af.from_arrays(x, y, batch_size=128, shuffle=False)
+    model = _two_in_two_out()
+    history = model.fit(train, validation_data=val, epochs=4, verbose=0)
+    losses = history.history["loss"]
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert "val_loss" in history.history
+    # Keras' extra iterator per epoch must not use up epochs: the next pass is epoch 4.
+    plan = Plan(n_rows=n, batch_size=32, seed=0)
+    after = np.concatenate([yb["reg"].numpy()[:, 0] for _, yb in train])
+    np.testing.assert_allclose(after, reg[plan.indices(4, 0, plan.steps), 0])
+
+
+@pytest.mark.slow
+def test_keras_fit_with_sample_weight() -> None:
+    n = 200
+    x = np.random.default_rng(1).random((n, 3), dtype=np.float32)
+    y = x.sum(axis=1)
+    w = np.where(np.arange(n) % 2 == 0, 1.0, 0.0).astype(np.float32)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    history = model.fit(af.from_arrays(x, y, w, batch_size=20, seed=0), epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()

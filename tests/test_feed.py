@@ -1,0 +1,122 @@
+"""The feed: groups of stacked batches, epochs taken on first request, map_batch checks."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import arrayfeed as af
+from arrayfeed._feed import Feed
+from arrayfeed._plan import Plan
+from arrayfeed._sources import ArraySource
+from arrayfeed._structure import flatten
+
+
+def _feed(n: int = 50, batch: int = 8, drop: bool = False, **kwargs: object) -> Feed:
+    x = {"a": np.arange(n), "b": np.arange(n) * 10.0}
+    leaves, treedef = flatten(x, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=n, batch_size=batch, drop_remainder=drop, seed=1)
+    return Feed([ArraySource(v) for v in leaves], treedef, plan, **kwargs)  # type: ignore[arg-type]
+
+
+def _batches(feed: Feed) -> list[dict[str, np.ndarray]]:
+    out = []
+    for group in feed():
+        for i in range(len(group["a"])):
+            out.append({k: v[i] for k, v in group.items()})
+    return out
+
+
+@pytest.mark.parametrize("group_steps", [1, 2, 3, 64])
+@pytest.mark.parametrize("drop", [False, True])
+def test_groups_cover_every_step_once(group_steps: int, drop: bool) -> None:
+    feed = _feed(drop=drop)
+    feed.group_steps = group_steps
+    groups = feed.groups()
+    steps = [s for first, stop in groups for s in range(first, stop)]
+    assert steps == list(range(feed.plan.steps))
+    # A short last batch is always alone in its group.
+    for first, stop in groups:
+        assert len({feed.plan.batch_rows(s) for s in range(first, stop)}) == 1
+
+
+def test_epoch_is_taken_at_first_request_not_at_call() -> None:
+    feed = _feed()
+    unused = feed()  # an iterator that is never read (like Keras' extra one) uses no epoch
+    first = _batches(feed)
+    second = _batches(feed)
+    del unused
+    plan = feed.plan
+    np.testing.assert_array_equal(
+        np.concatenate([b["a"] for b in first]), plan.indices(0, 0, plan.steps)
+    )
+    np.testing.assert_array_equal(
+        np.concatenate([b["a"] for b in second]), plan.indices(1, 0, plan.steps)
+    )
+
+
+def _reader_threads() -> int:
+    return sum(t.name.startswith("arrayfeed-read") for t in threading.enumerate())
+
+
+def test_abandoned_epoch_shuts_its_threads_down() -> None:
+    assert _reader_threads() == 0
+    for _ in range(20):
+        it = _feed(n=5000, batch=8)()
+        next(it)
+        assert _reader_threads() > 0
+        it.close()
+    assert _reader_threads() == 0
+
+
+def test_map_batch_may_add_drop_and_change_leaves() -> None:
+    feed = _feed(map_batch=lambda b: ({"sum": b["a"] + b["b"]}, (b["a"] % 2).astype(np.bool_)))
+    batches = list(feed())
+    x, y = batches[0]
+    assert x["sum"].dtype == np.float64 and y.dtype == np.bool_
+    assert [s.dtype for s in feed.specs] == [np.dtype("float64"), np.dtype("bool")]
+
+
+def test_map_batch_is_called_once_per_batch_with_whole_batches() -> None:
+    sizes: list[int] = []
+    lock = threading.Lock()
+
+    def fn(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with lock:
+            sizes.append(len(b["a"]))
+        return b
+
+    feed = _feed(n=50, batch=8, map_batch=fn)
+    sizes.clear()  # drop the probe call
+    list(feed())
+    assert sorted(sizes) == sorted([8] * 6 + [2])
+
+
+@pytest.mark.parametrize(
+    ("fn", "match"),
+    [
+        (lambda b: b["a"][:3], r"has shape \(3,\), but the batch has 8 rows"),
+        (lambda b: np.float64(1.0), "keep the batch size"),
+        (lambda b: 1 / 0, "raised ZeroDivisionError"),
+        (lambda b: "text", "map_batch"),
+    ],
+)
+def test_map_batch_errors_at_construction(fn: object, match: str) -> None:
+    with pytest.raises(af.MapBatchError, match=match):
+        _feed(map_batch=fn)
+
+
+def test_map_batch_that_changes_later_is_named() -> None:
+    calls = {"n": 0}
+
+    def fn(b: dict[str, np.ndarray]) -> object:
+        calls["n"] += 1
+        if calls["n"] > 2:
+            return b["a"].astype(np.float32)
+        return b["a"]
+
+    feed = _feed(map_batch=fn, num_threads=1)
+    with pytest.raises(af.MapBatchError, match="same row shapes and dtypes"):
+        list(feed())
