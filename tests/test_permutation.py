@@ -1,4 +1,4 @@
-"""The stateless permutation: a bijection, seekable, deterministic, keyed, and O(batch) memory."""
+"""The stateless permutation: a bijection, seekable, invertible, deterministic, well mixed."""
 
 from __future__ import annotations
 
@@ -7,33 +7,45 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._permutation import derive_key, permute
+from arrayfeed._permutation import EXACT_MAX, derive_key, invert, permute
+
+# Sizes on both sides of the switch from the exact construction to the Feistel network.
+SIZES = [0, 1, 2, 3, 10, 1000, EXACT_MAX - 1, EXACT_MAX, EXACT_MAX + 1, 3 * EXACT_MAX + 17, 1 << 18]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_is_a_bijection_with_an_inverse(n: int) -> None:
+    for key in (0, 12345, 2**64 - 1):
+        image = permute(np.arange(n), n, key)
+        assert image.dtype == np.int64
+        assert np.array_equal(np.sort(image), np.arange(n))
+        assert np.array_equal(invert(image, n, key), np.arange(n))
 
 
 @given(n=st.integers(0, 3000), key=st.integers(0, 2**64 - 1))
-@settings(max_examples=200, deadline=None)
-def test_is_a_bijection(n: int, key: int) -> None:
-    image = permute(np.arange(n), n, key)
-    assert image.dtype == np.int64
-    assert np.array_equal(np.sort(image), np.arange(n))
-
-
-@given(n=st.integers(1, 10**6), key=st.integers(0, 2**64 - 1), data=st.data())
 @settings(max_examples=100, deadline=None)
-def test_seekable_any_subset_agrees_with_the_whole(n: int, key: int, data: st.DataObject) -> None:
-    positions = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=50)))
-    whole_prefix = permute(np.arange(min(n, 2000)), n, key)
-    sub = permute(positions, n, key)
-    inside = positions < len(whole_prefix)
-    assert np.array_equal(sub[inside], whole_prefix[positions[inside]])
-    assert np.array_equal(sub, permute(positions, n, key))  # deterministic
+def test_small_n_is_a_bijection(n: int, key: int) -> None:
+    assert np.array_equal(np.sort(permute(np.arange(n), n, key)), np.arange(n))
+
+
+@given(n=st.integers(1, 2**40), key=st.integers(0, 2**64 - 1), data=st.data())
+@settings(max_examples=150, deadline=None)
+def test_seekable_invertible_and_deterministic(n: int, key: int, data: st.DataObject) -> None:
+    positions = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=40)))
+    image = permute(positions, n, key)
+    assert ((image >= 0) & (image < n)).all()
+    assert np.array_equal(invert(image, n, key), positions)
+    assert np.array_equal(image, permute(positions, n, key))
+    # Distinct positions have distinct images.
+    assert len(np.unique(image)) == len(np.unique(positions))
+    # Any subset agrees with the whole: permuting one position alone gives the same image.
+    assert all(int(permute(np.array([p]), n, key)[0]) == int(i) for p, i in zip(positions[:5], image[:5], strict=False))
 
 
 def test_keys_give_different_orders() -> None:
-    n = 1000
-    orders = {tuple(permute(np.arange(n), n, derive_key(0, epoch))) for epoch in range(10)}
-    assert len(orders) == 10
-    assert not np.array_equal(permute(np.arange(n), n, 1), np.arange(n))
+    for n in (1000, 5 * EXACT_MAX):
+        orders = {tuple(permute(np.arange(50), n, derive_key(0, epoch))) for epoch in range(10)}
+        assert len(orders) == 10
 
 
 def test_huge_n_plans_in_batch_memory() -> None:
@@ -44,20 +56,34 @@ def test_huge_n_plans_in_batch_memory() -> None:
     assert len(np.unique(image)) == 256
 
 
-def test_mixing_looks_uniform() -> None:
-    # Where position 0 lands over many keys should be close to uniform over range(n).
-    n, trials = 10, 20000
-    landing = np.array([permute(np.array([0]), n, derive_key(k))[0] for k in range(trials)])
-    counts = np.bincount(landing, minlength=n)
-    chi2 = float(((counts - trials / n) ** 2 / (trials / n)).sum())
-    assert chi2 < 40, counts  # 9 degrees of freedom: p < 1e-5 above ~37
+@pytest.mark.parametrize("n", [6, 10])
+def test_small_n_pairs_are_uniform(n: int) -> None:
+    # Over many keys, the images of positions 0 and 1 should be uniform over ordered pairs.
+    # (A Feistel network over such a tiny domain fails this badly: chi2 in the hundreds.)
+    trials = 20000
+    pairs = np.array([permute(np.array([0, 1]), n, derive_key(7, k)) for k in range(trials)])
+    counts = np.bincount(pairs[:, 0] * n + pairs[:, 1], minlength=n * n)
+    cells = counts[[i * n + j for i in range(n) for j in range(n) if i != j]]
+    expected = trials / (n * (n - 1))
+    chi2 = float(((cells - expected) ** 2 / expected).sum())
+    dof = n * (n - 1) - 1
+    assert chi2 < dof + 6 * np.sqrt(2 * dof), chi2
 
 
-def test_adjacent_positions_decorrelated() -> None:
-    n = 100_000
+@pytest.mark.parametrize("n", [EXACT_MAX + 1, 1_000_003])
+def test_large_n_pairs_are_uniform_at_coarse_scale(n: int) -> None:
+    trials, bins = 10000, 8
+    pairs = np.array([permute(np.array([0, 1]), n, derive_key(3, k)) for k in range(trials)])
+    cells = np.bincount((pairs[:, 0] * bins // n) * bins + pairs[:, 1] * bins // n, minlength=bins * bins)
+    expected = trials / bins**2
+    chi2 = float(((cells - expected) ** 2 / expected).sum())
+    assert chi2 < 63 + 6 * np.sqrt(2 * 63), chi2
+
+
+@pytest.mark.parametrize("n", [10_000, 1_000_003])
+def test_adjacent_positions_decorrelated(n: int) -> None:
     image = permute(np.arange(n), n, key=3).astype(np.float64)
-    corr = np.corrcoef(image[:-1], image[1:])[0, 1]
-    assert abs(corr) < 0.02
+    assert abs(np.corrcoef(image[:-1], image[1:])[0, 1]) < 0.03
 
 
 def test_derive_key_is_order_sensitive() -> None:
@@ -66,6 +92,8 @@ def test_derive_key_is_order_sensitive() -> None:
     assert derive_key(2**100) != derive_key(2**100 + 1)
 
 
-def test_rejects_out_of_range_positions() -> None:
+def test_rejects_out_of_range_values() -> None:
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 5\)"):
         permute(np.array([5]), 5, key=0)
+    with pytest.raises(ValueError, match=r"images must lie in \[0, 5\)"):
+        invert(np.array([-1]), 5, key=0)
