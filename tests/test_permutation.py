@@ -39,7 +39,10 @@ def test_seekable_invertible_and_deterministic(n: int, key: int, data: st.DataOb
     # Distinct positions have distinct images.
     assert len(np.unique(image)) == len(np.unique(positions))
     # Any subset agrees with the whole: permuting one position alone gives the same image.
-    assert all(int(permute(np.array([p]), n, key)[0]) == int(i) for p, i in zip(positions[:5], image[:5], strict=False))
+    assert all(
+        int(permute(np.array([p]), n, key)[0]) == int(i)
+        for p, i in zip(positions[:5], image[:5], strict=False)
+    )
 
 
 def test_keys_give_different_orders() -> None:
@@ -74,7 +77,9 @@ def test_small_n_pairs_are_uniform(n: int) -> None:
 def test_large_n_pairs_are_uniform_at_coarse_scale(n: int) -> None:
     trials, bins = 10000, 8
     pairs = np.array([permute(np.array([0, 1]), n, derive_key(3, k)) for k in range(trials)])
-    cells = np.bincount((pairs[:, 0] * bins // n) * bins + pairs[:, 1] * bins // n, minlength=bins * bins)
+    cells = np.bincount(
+        (pairs[:, 0] * bins // n) * bins + pairs[:, 1] * bins // n, minlength=bins * bins
+    )
     expected = trials / bins**2
     chi2 = float(((cells - expected) ** 2 / expected).sum())
     assert chi2 < 63 + 6 * np.sqrt(2 * 63), chi2
