@@ -15,6 +15,7 @@ from arrayfeed._read import read_rows
 from arrayfeed._sources import (
     ArraySource,
     GatherInto,
+    H5ContiguousSource,
     H5Source,
     NpySource,
     Source,
@@ -144,9 +145,29 @@ def test_npy_is_memory_mapped_not_loaded(tmp_path: Path) -> None:
     assert not src.array.flags.writeable
 
 
+@pytest.mark.parametrize("userblock", [0, 512])
+def test_contiguous_hdf5_is_memory_mapped(tmp_path: Path, userblock: int) -> None:
+    a = np.arange(60, dtype=">f8").reshape(20, 3)
+    with h5py.File(tmp_path / "c.h5", "w", userblock_size=userblock) as f:
+        f["x"] = a
+        f.create_dataset("chunked", data=a, chunks=(5, 3))
+        f.create_dataset("gzip", data=a, compression="gzip")
+        f.create_dataset("unwritten", shape=(20, 3), dtype="f8")
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        src = as_source(f["x"], "x")
+        assert isinstance(src, H5ContiguousSource) and isinstance(src.array, np.memmap)
+        np.testing.assert_array_equal(src.read(np.array([0, 7, 19], dtype=np.int64)), a[[0, 7, 19]])
+        for name in ("chunked", "gzip", "unwritten"):
+            assert isinstance(as_source(f[name], name), H5Source), name
+    assert isinstance(af.open_array(tmp_path / "c.h5", key="x"), H5ContiguousSource)
+    # A file opened for writing may still change under us: read through h5py then.
+    with h5py.File(tmp_path / "c.h5", "r+") as f:
+        assert isinstance(as_source(f["x"], "x"), H5Source)
+
+
 def test_h5_source_reopens_by_path_after_pickle(tmp_path: Path) -> None:
     with h5py.File(tmp_path / "a.h5", "w") as f:
-        f["a"] = np.arange(10)
+        f.create_dataset("a", data=np.arange(10), chunks=(4,))
     src = as_source(h5py.File(tmp_path / "a.h5", "r")["a"], "x")
     assert isinstance(src, H5Source)
     state = src.__getstate__()
