@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +21,7 @@ from ._structure import Treedef, flatten
 
 __all__ = ["from_arrays"]
 
-ShardArg = Shard | tf.distribute.InputContext | Literal["auto"] | None
+ShardArg: TypeAlias = 'Shard | tf.distribute.InputContext | Literal["auto"] | None'
 
 
 def from_arrays(
@@ -52,11 +52,13 @@ def from_arrays(
             (storage order).
         seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
             ``None`` draws one at random.
-        shard: ``"auto"`` (from the environment; currently one worker), ``None`` (no sharding),
+        shard: ``"auto"`` (from the environment, see :meth:`Shard.from_env`: ``TF_CONFIG``, Slurm,
+            MPI, Horovod; one worker when nothing is set), ``None`` (no sharding),
             :class:`Shard` ``(count, index)``, or a ``tf.distribute.InputContext``. Worker ``index``
             reads the ``index``-th contiguous range of rows, shuffled within; every worker runs the
             same number of steps (a worker with one row more leaves one row out per epoch).
-        drop_remainder: Leave out the last, short batch of each epoch; the batch axis is then static.
+        drop_remainder: Leave out the last, short batch of each epoch; the batch axis is then
+            static.
         map_batch: A vectorized function called on each whole batch (NumPy arrays in the element's
             structure) returning a structure of arrays with the same batch size; the dataset's
             elements are what it returns. It runs in reader threads, possibly concurrently.
@@ -132,7 +134,7 @@ def _resolve_shard(shard: ShardArg) -> tuple[Shard, bool]:
     if shard is None:
         return Shard(1, 0), False
     if isinstance(shard, str) and shard == "auto":
-        return Shard(1, 0), True
+        return Shard.from_env(), True
     if isinstance(shard, Shard):
         return shard, True
     if isinstance(shard, tf.distribute.InputContext):
@@ -169,7 +171,10 @@ def _dataset(feed: Feed, *, sharded_by_us: bool) -> tf.data.Dataset:
     plan = feed.plan
     rows = plan.batch_size if plan.drop_remainder else None
     signature = feed.treedef.unflatten(
-        [tf.TensorSpec((None, rows, *spec.row_shape), tf.as_dtype(spec.dtype)) for spec in feed.specs]
+        [
+            tf.TensorSpec((None, rows, *spec.row_shape), tf.as_dtype(spec.dtype))
+            for spec in feed.specs
+        ]
     )
     ds = tf.data.Dataset.from_generator(feed, output_signature=signature)
     ds = ds.unbatch().prefetch(2)
