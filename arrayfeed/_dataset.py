@@ -46,8 +46,12 @@ def from_arrays(
             All leaves of ``x``, ``y`` and ``sample_weight`` must have the same length (axis 0).
         y: Targets, the same kinds as ``x``; elements are ``(x, y)`` when given.
         sample_weight: Per-row weights; elements are ``(x, y, sample_weight)``. Needs ``y``.
-        batch_size: Rows per batch on this worker (per replica under a ``tf.distribute`` input
-            context).
+        batch_size: Rows per batch on this worker. With ``shard=input_context`` in
+            ``strategy.distribute_datasets_from_function``, give the per-replica size,
+            ``input_context.get_per_replica_batch_size(global_batch_size)`` (or use
+            :func:`arrayfeed.distribute`). ``strategy.experimental_distribute_dataset`` and
+            Keras ``fit`` under a strategy take each worker's batch as the *global* batch and
+            split it over all replicas: a worker then runs ``num_workers * len(ds)`` steps.
         shuffle: ``True`` (a fresh permutation of this worker's rows every epoch) or ``False``
             (storage order).
         seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
