@@ -49,9 +49,11 @@ def from_arrays(
         batch_size: Rows per batch on this worker. With ``shard=input_context`` in
             ``strategy.distribute_datasets_from_function``, give the per-replica size,
             ``input_context.get_per_replica_batch_size(global_batch_size)`` (or use
-            :func:`arrayfeed.distribute`). ``strategy.experimental_distribute_dataset`` and
-            Keras ``fit`` under a strategy take each worker's batch as the *global* batch and
-            split it over all replicas: a worker then runs ``num_workers * len(ds)`` steps.
+            :func:`arrayfeed.distribute`). ``strategy.experimental_distribute_dataset`` (which
+            Keras ``fit`` uses) takes each worker's batch as the *global* batch and splits it
+            over all replicas: a worker then runs ``num_workers * len(ds)`` steps per epoch.
+            Keras ``fit`` still runs only ``len(ds)`` of them per epoch, which on several
+            workers is ``1 / num_workers`` of the rows: there, use :func:`arrayfeed.distribute`.
         shuffle: ``True`` (a fresh permutation of this worker's rows every epoch) or ``False``
             (storage order).
         seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
