@@ -23,17 +23,22 @@ from ._sources import GatherInto, Source, open_array
 
 if TYPE_CHECKING:
     from ._dataset import from_arrays
+    from ._distribute import distribute, distributed_steps
 
 __version__ = "0.1.0.dev0"
 
 
 def __getattr__(name: str) -> Any:
-    # TensorFlow is imported on first use of `from_arrays`, so that the CLI and conversion
-    # (which do not need it) start fast.
+    # TensorFlow is imported on first use of `from_arrays` (or `distribute`), so that the CLI and
+    # conversion (which do not need it) start fast.
     if name == "from_arrays":
         from ._dataset import from_arrays
 
         return from_arrays
+    if name in ("distribute", "distributed_steps"):
+        from . import _distribute
+
+        return getattr(_distribute, name)
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
 
@@ -50,6 +55,8 @@ __all__ = [
     "SourceNotFoundError",
     "StructureError",
     "__version__",
+    "distribute",
+    "distributed_steps",
     "from_arrays",
     "open_array",
 ]

@@ -46,17 +46,25 @@ def from_arrays(
             All leaves of ``x``, ``y`` and ``sample_weight`` must have the same length (axis 0).
         y: Targets, the same kinds as ``x``; elements are ``(x, y)`` when given.
         sample_weight: Per-row weights; elements are ``(x, y, sample_weight)``. Needs ``y``.
-        batch_size: Rows per batch on this worker (per replica under a ``tf.distribute`` input
-            context).
+        batch_size: Rows per batch on this worker. With ``shard=input_context`` in
+            ``strategy.distribute_datasets_from_function``, give the per-replica size,
+            ``input_context.get_per_replica_batch_size(global_batch_size)`` (or use
+            :func:`arrayfeed.distribute`). ``strategy.experimental_distribute_dataset`` (which
+            Keras ``fit`` uses) takes each worker's batch as the *global* batch and splits it
+            over all replicas: a worker then runs ``num_workers * len(ds)`` steps per epoch.
+            Keras ``fit`` still runs only ``len(ds)`` of them per epoch, which on several
+            workers is ``1 / num_workers`` of the rows: there, use :func:`arrayfeed.distribute`.
         shuffle: ``True`` (a fresh permutation of this worker's rows every epoch) or ``False``
             (storage order).
         seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
             ``None`` draws one at random.
-        shard: ``"auto"`` (from the environment; currently one worker), ``None`` (no sharding),
+        shard: ``"auto"`` (from the environment, see :meth:`Shard.from_env`: ``TF_CONFIG``, Slurm,
+            MPI, Horovod; one worker when nothing is set), ``None`` (no sharding),
             :class:`Shard` ``(count, index)``, or a ``tf.distribute.InputContext``. Worker ``index``
             reads the ``index``-th contiguous range of rows, shuffled within; every worker runs the
             same number of steps (a worker with one row more leaves one row out per epoch).
-        drop_remainder: Leave out the last, short batch of each epoch; the batch axis is then static.
+        drop_remainder: Leave out the last, short batch of each epoch; the batch axis is then
+            static.
         map_batch: A vectorized function called on each whole batch (NumPy arrays in the element's
             structure) returning a structure of arrays with the same batch size; the dataset's
             elements are what it returns. It runs in reader threads, possibly concurrently.
@@ -132,7 +140,7 @@ def _resolve_shard(shard: ShardArg) -> tuple[Shard, bool]:
     if shard is None:
         return Shard(1, 0), False
     if isinstance(shard, str) and shard == "auto":
-        return Shard(1, 0), True
+        return Shard.from_env(), True
     if isinstance(shard, Shard):
         return shard, True
     if isinstance(shard, tf.distribute.InputContext):

@@ -1,0 +1,60 @@
+"""The distributed examples run as documented (each in well under a minute)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_VARS = (
+    "TF_CONFIG",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+)
+
+
+def run_example(name: str, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_VARS}
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_mirrored_example() -> None:
+    out = run_example("mirrored.py")
+    assert "2 replicas" in out or "GPU" in out
+    assert re.search(r"custom loop: epoch 3, 313 steps \(distributed_steps=313\)", out), out
+    assert "learned [ 1.  -2.   3.   0.5]" in out
+
+
+@pytest.mark.slow
+def test_multi_worker_example() -> None:
+    out = run_example("multi_worker.py", "--workers", "2")
+    # 10001 rows: worker 1's range has 5001 rows, one of which (a different one each epoch) is
+    # left out so that both workers run 157 steps.
+    shards = {0: r"0\.\.4999", 1: r"500[01]\.\.(9999|10000)"}
+    for worker, ids in shards.items():
+        for epoch in (1, 2, 3):
+            line = rf"worker {worker}: epoch {epoch}: 157 steps, 5000 rows \(5000 distinct, "
+            line += rf"ids {ids}\)"
+            assert re.search(line, out), out
+    assert "2 workers finished with exit codes [0, 0]" in out
