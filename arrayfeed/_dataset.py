@@ -14,9 +14,9 @@ import tensorflow as tf
 
 from ._errors import ConfigError, ShapeError, StructureError
 from ._feed import Feed
-from ._plan import Plan, ShuffleMode
+from ._plan import Plan, ShuffleMode, block_layout
 from ._shard import Shard
-from ._sources import as_source, check_feedable, is_array_like
+from ._sources import Chunked, GatherInto, Source, as_source, check_feedable, is_array_like
 from ._structure import Treedef, flatten
 
 __all__ = ["from_arrays"]
@@ -54,8 +54,11 @@ def from_arrays(
             over all replicas: a worker then runs ``num_workers * len(ds)`` steps per epoch.
             Keras ``fit`` still runs only ``len(ds)`` of them per epoch, which on several
             workers is ``1 / num_workers`` of the rows: there, use :func:`arrayfeed.distribute`.
-        shuffle: ``True`` (a fresh permutation of this worker's rows every epoch) or ``False``
-            (storage order).
+        shuffle: ``True`` (a fresh permutation of this worker's rows every epoch), ``False``
+            (storage order), or ``"block"``: a chunk-aware shuffle for chunked, compressed storage
+            (HDF5, Zarr) — chunk-aligned blocks in a random order, rows shuffled within windows of
+            blocks (about 32 MiB), so every chunk is read once per epoch. Each row still comes
+            exactly once per epoch; mixing is local to a window.
         seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
             ``None`` draws one at random.
         shard: ``"auto"`` (from the environment, see :meth:`Shard.from_env`: ``TF_CONFIG``, Slurm,
@@ -83,13 +86,17 @@ def from_arrays(
     """
     treedef, sources = _sources_of(x, y, sample_weight)
     resolved, ours = _resolve_shard(shard)
+    mode = _shuffle_mode(shuffle)
+    block_rows, window_blocks = _block_layout(sources) if mode == "block" else (1, 1)
     plan = Plan(
         n_rows=len(sources[0]),
         batch_size=_positive_int(batch_size, "batch_size"),
         shard=resolved,
         drop_remainder=bool(drop_remainder),
-        shuffle=_shuffle_mode(shuffle),
+        shuffle=mode,
         seed=_seed(seed),
+        block_rows=block_rows,
+        window_blocks=window_blocks,
     )
     if num_threads is not None:
         _positive_int(num_threads, "num_threads")
@@ -162,7 +169,19 @@ def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
         return "full"
     if shuffle is False or shuffle == "none":
         return "none"
-    raise ConfigError(f"`shuffle` must be True or False (got {shuffle!r}).")
+    if shuffle == "block":
+        return "block"
+    raise ConfigError(f"`shuffle` must be True, False or 'block' (got {shuffle!r}).")
+
+
+def _block_layout(sources: list[Source]) -> tuple[int, int]:
+    chunk_rows = [
+        s.chunk_rows
+        for s in sources
+        if isinstance(s, Chunked) and not isinstance(s, GatherInto) and s.chunk_rows
+    ]
+    row_bytes = sum(int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in sources)
+    return block_layout(chunk_rows, row_bytes)
 
 
 def _seed(seed: int | None) -> int:

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from ._blocks import BlockCache
 from ._errors import DtypeError, MapBatchError, StructureError
 from ._plan import Plan
 from ._read import aligned_empty, native_dtype, read_rows
-from ._sources import Source
+from ._sources import Chunked, GatherInto, Source
 from ._structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads"]
@@ -87,6 +88,22 @@ class Feed:
         batch_bytes = max(1, row_bytes * plan.batch_size)
         self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
 
+    def readers(self) -> list[Source]:
+        """What one epoch reads each leaf through: with ``shuffle="block"``, chunked storage goes
+        through a :class:`BlockCache` holding the windows that groups in flight draw from."""
+        plan = self.plan
+        if plan.shuffle != "block":
+            return self.sources
+        window_rows = plan.block_rows * plan.window_blocks
+        in_flight_rows = (self.num_threads + 1) * self.group_steps * plan.batch_size
+        windows = 2 + -(-in_flight_rows // window_rows)
+        return [
+            BlockCache(s, plan.block_rows, windows * plan.window_blocks)
+            if isinstance(s, Chunked) and not isinstance(s, GatherInto) and s.chunk_rows
+            else s
+            for s in self.sources
+        ]
+
     # -- epochs ---------------------------------------------------------------------------------
     def _take_epoch(self) -> tuple[int, int]:
         with self._lock:
@@ -114,12 +131,14 @@ class Feed:
         """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order."""
         todo = deque(self.groups(start_step))
         depth = self.num_threads + 1
+        readers = self.readers()
         pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
         pending: deque[Future[Any]] = deque()
         try:
             while todo or pending:
                 while todo and len(pending) < depth:
-                    pending.append(pool.submit(self.read_group, epoch, *todo.popleft()))
+                    first, stop = todo.popleft()
+                    pending.append(pool.submit(self.read_group, epoch, first, stop, readers))
                 yield pending.popleft().result()
         finally:
             for future in pending:
@@ -127,12 +146,14 @@ class Feed:
             pool.shutdown(wait=True, cancel_futures=True)
 
     # -- reading --------------------------------------------------------------------------------
-    def read_group(self, epoch: int, first: int, stop: int) -> Any:
+    def read_group(
+        self, epoch: int, first: int, stop: int, readers: Sequence[Source] | None = None
+    ) -> Any:
         """Steps ``[first, stop)`` of ``epoch`` stacked per leaf, in the output structure."""
         plan = self.plan
         rows = plan.batch_rows(first)
         indices = plan.indices(epoch, first, stop)
-        leaves = read_rows(self.sources, indices, lead_shape=(stop - first, rows))
+        leaves = read_rows(readers or self.sources, indices, lead_shape=(stop - first, rows))
         if self.map_batch is None:
             return self.treedef.unflatten(leaves)
         stacked = [aligned_empty((stop - first, rows, *s.row_shape), s.dtype) for s in self.specs]

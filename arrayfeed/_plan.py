@@ -13,10 +13,19 @@ Layout of one epoch on worker ``k`` of ``K``:
    leaves one row out of each epoch: with shuffling a different row every epoch, without it the
    last row of its range. At most ``K - 1`` rows of ``n_rows`` are left out per epoch in all.
 3. **Order**: positions ``0 .. rows_per_epoch-1`` map to rows of the range through a permutation of
-   the whole range keyed by ``(seed, epoch, k)`` (or the identity when not shuffling).
+   the whole range keyed by ``(seed, epoch, k)`` (``shuffle="full"``), the identity
+   (``"none"``), or a chunk-aware order (``"block"``, below).
 4. **Batches**: step ``s`` takes positions ``[s * batch_size, (s + 1) * batch_size)``; the last batch
    is shorter unless ``drop_remainder``, which leaves out the last ``rows_per_epoch % batch_size``
    positions of the epoch (different rows each epoch when shuffling).
+
+Block order (``shuffle="block"``), for storage that reads whole chunks: the range is cut at the
+multiples of ``block_rows`` (the storage's chunk grid, so only the first and last block can be
+partial); the blocks are put in a random order, consecutive runs of ``window_blocks`` blocks form
+windows, and the rows inside each window are permuted. Every row still comes exactly once per
+epoch, and a reader that holds about one window of blocks reads every block from storage once.
+Mixing is local: a batch draws its rows from the ``window_blocks`` blocks of one window (two at a
+window boundary), and a row moves at most about a window away from its block's new place.
 """
 
 from __future__ import annotations
@@ -28,12 +37,17 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import ConfigError
-from ._permutation import derive_key, permute
+from ._permutation import derive_key, invert, permute
 from ._shard import Shard
 
-__all__ = ["Plan", "ShuffleMode", "shard_bounds"]
+__all__ = ["BLOCK_BYTES", "WINDOW_BYTES", "Plan", "ShuffleMode", "block_layout", "shard_bounds"]
 
-ShuffleMode = Literal["none", "full"]
+#: Bytes per block for ``shuffle="block"`` when no source is chunked (locality only).
+BLOCK_BYTES = 1 << 20
+#: Target bytes per window of blocks: larger mixes better, and a reader holds about two windows.
+WINDOW_BYTES = 32 << 20
+
+ShuffleMode = Literal["none", "full", "block"]
 
 
 def shard_bounds(n_rows: int, shard: Shard) -> tuple[int, int]:
@@ -43,6 +57,23 @@ def shard_bounds(n_rows: int, shard: Shard) -> tuple[int, int]:
     [(0, 3), (3, 6), (6, 10)]
     """
     return (n_rows * shard.index) // shard.count, (n_rows * (shard.index + 1)) // shard.count
+
+
+def block_layout(chunk_rows: list[int], row_bytes: int) -> tuple[int, int]:
+    """``(block_rows, window_blocks)`` for ``shuffle="block"``.
+
+    Blocks follow the largest chunk of the chunked sources (``chunk_rows``), so that every block
+    is whole chunks of that source; with no chunked source, blocks of about ``BLOCK_BYTES``.
+    A window holds about ``WINDOW_BYTES``, and at least two blocks.
+
+    >>> block_layout([15625, 4096], row_bytes=132)
+    (15625, 16)
+    >>> block_layout([], row_bytes=12292)
+    (85, 32)
+    """
+    row_bytes = max(1, row_bytes)
+    block_rows = max(chunk_rows) if chunk_rows else max(1, BLOCK_BYTES // row_bytes)
+    return block_rows, max(2, WINDOW_BYTES // (block_rows * row_bytes))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +86,8 @@ class Plan:
     drop_remainder: bool = False
     shuffle: ShuffleMode = "full"
     seed: int = 0
+    block_rows: int = 1
+    window_blocks: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)):
@@ -63,8 +96,14 @@ class Plan:
             raise ConfigError(f"`batch_size` must be a positive int (got {self.batch_size}).")
         if self.n_rows < 1:
             raise ConfigError(f"there must be at least one row (got {self.n_rows}).")
-        if self.shuffle not in ("none", "full"):
-            raise ConfigError(f"`shuffle` must be 'none' or 'full' (got {self.shuffle!r}).")
+        if self.shuffle not in ("none", "full", "block"):
+            raise ConfigError(
+                f"`shuffle` must be 'none', 'full' or 'block' (got {self.shuffle!r})."
+            )
+        for name in ("block_rows", "window_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ConfigError(f"`{name}` must be a positive int (got {value!r}).")
         if self.rows_per_epoch == 0:
             raise ConfigError(
                 f"there are more workers ({self.shard.count}) than rows ({self.n_rows}); "
@@ -115,9 +154,66 @@ class Plan:
         start, stop = self.bounds
         if self.shuffle == "full":
             key = derive_key(self.seed, epoch, self.shard.index, self.shard.count)
-            positions = permute(positions, stop - start, key)
+            return permute(positions, stop - start, key) + start
+        if self.shuffle == "block":
+            return _BlockOrder(self, epoch).rows(positions)
         return positions + start
 
     def _check_step(self, step: int) -> None:
         if not 0 <= step < self.steps:
             raise ValueError(f"`step` must be in [0, {self.steps}) (got {step}).")
+
+
+class _BlockOrder:
+    """The block order of one epoch on one worker (see the module docstring). O(window) memory."""
+
+    def __init__(self, plan: Plan, epoch: int) -> None:
+        self.start, self.stop = plan.bounds
+        self.size, self.width = plan.block_rows, plan.window_blocks
+        self.first = self.start // self.size  # index of the first block in the whole array
+        self.count = (self.stop - 1) // self.size - self.first + 1
+        keys = (plan.seed, epoch, plan.shard.index, plan.shard.count)
+        self.block_key = derive_key(*keys, 1)
+        self.window_key = derive_key(*keys, 2)
+        # Rows missing from the partial head and tail blocks, and where those blocks landed.
+        self.head_short = self.start - self.first * self.size
+        self.tail_short = (self.first + self.count) * self.size - self.stop
+        head_tail = invert(np.array([0, self.count - 1]), self.count, self.block_key)
+        self.head_slot, self.tail_slot = int(head_tail[0]), int(head_tail[1])
+
+    def rows_before_slot(self, slot: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Rows in the blocks at slots ``< slot`` of the permuted order."""
+        slot = np.minimum(slot, self.count)
+        rows: npt.NDArray[np.int64] = (
+            slot * self.size
+            - self.head_short * (self.head_slot < slot)
+            - self.tail_short * (self.tail_slot < slot)
+        )
+        return rows
+
+    def block_bounds(self, blocks: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], ...]:
+        lo = np.maximum((self.first + blocks) * self.size, self.start)
+        hi = np.minimum((self.first + blocks + 1) * self.size, self.stop)
+        return lo, hi
+
+    def rows(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Row indices of ``positions`` of this epoch."""
+        if not len(positions):
+            return positions
+        per_window = self.width * self.size
+        window = positions // per_window  # a lower bound: windows hold at most per_window rows
+        for _ in range(3):  # partial blocks shorten windows by < 2 blocks in all
+            window += self.rows_before_slot((window + 1) * self.width) <= positions
+        out = np.empty_like(positions)
+        for w in np.unique(window):
+            mask = window == w
+            first_row = int(self.rows_before_slot(np.array(w * self.width)))
+            window_rows = int(self.rows_before_slot(np.array((w + 1) * self.width))) - first_row
+            q = permute(positions[mask] - first_row, window_rows, derive_key(self.window_key, w))
+            slots = np.arange(w * self.width, min((w + 1) * self.width, self.count), dtype=np.int64)
+            blocks = permute(slots, self.count, self.block_key)
+            lo, hi = self.block_bounds(blocks)
+            ends = np.cumsum(hi - lo)
+            j = np.searchsorted(ends, q, side="right")
+            out[mask] = lo[j] + q - (ends[j] - (hi - lo)[j])
+        return out

@@ -28,6 +28,7 @@ from ._errors import CorruptDataError, DtypeError, ShapeError, SourceNotFoundErr
 
 __all__ = [
     "ArraySource",
+    "Chunked",
     "GatherInto",
     "H5ContiguousSource",
     "H5Source",
@@ -73,6 +74,18 @@ class GatherInto(Protocol):
     """Optional capability: gather rows in any order (duplicates allowed) into ``out``."""
 
     def gather_into(self, indices: Indices, out: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class Chunked(Protocol):
+    """Optional capability: storage read in chunks of ``chunk_rows`` rows along axis 0.
+
+    Reading any row of a chunk costs about as much as reading the whole chunk, so
+    ``shuffle="block"`` reads whole chunk-aligned blocks of such sources. None: not chunked.
+    """
+
+    @property
+    def chunk_rows(self) -> int | None: ...
 
 
 def _run_bounds(indices: Indices) -> tuple[int, int] | None:
@@ -280,6 +293,12 @@ class H5Source:
             return np.asarray(self.dataset[run[0] : run[1]])
         return np.asarray(self.dataset[indices])
 
+    @property
+    def chunk_rows(self) -> int | None:
+        """Rows per chunk along axis 0, or None for a contiguous dataset."""
+        chunks = self.dataset.chunks
+        return int(chunks[0]) if chunks else None
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_dataset"], state["_pid"] = None, -1
@@ -312,6 +331,12 @@ class ZarrSource:
         if run is not None:
             return np.asarray(self.array[run[0] : run[1]])
         return np.asarray(self.array.oindex[indices])
+
+    @property
+    def chunk_rows(self) -> int | None:
+        """Rows per stored object along axis 0: the shard when sharded, else the chunk."""
+        shards = self.array.shards
+        return int((shards or self.array.chunks)[0])
 
     def __repr__(self) -> str:
         return f"ZarrSource({self.name!r}, shape={self.shape}, dtype={self.dtype})"

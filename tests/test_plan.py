@@ -31,17 +31,30 @@ def test_shard_bounds_table(n: int, count: int, expected: list[tuple[int, int]])
 
 
 plans = st.builds(
-    lambda n, count, batch, drop, shuffle, seed: (n, count, batch, drop, shuffle, seed),
+    lambda n, count, batch, drop, shuffle, seed, block, window: (
+        n,
+        count,
+        batch,
+        drop,
+        shuffle,
+        seed,
+        block,
+        window,
+    ),
     st.integers(1, 400),
     st.integers(1, 6),
     st.integers(1, 64),
     st.booleans(),
-    st.sampled_from(["none", "full"]),
+    st.sampled_from(["none", "full", "block"]),
     st.integers(0, 2**63),
+    st.integers(1, 40),
+    st.integers(1, 5),
 )
 
 
-def _make(n: int, count: int, batch: int, drop: bool, shuffle: str, seed: int) -> list[Plan] | None:
+def _make(
+    n: int, count: int, batch: int, drop: bool, shuffle: str, seed: int, block: int, window: int
+) -> list[Plan] | None:
     try:
         return [
             Plan(
@@ -49,9 +62,11 @@ def _make(n: int, count: int, batch: int, drop: bool, shuffle: str, seed: int) -
                 batch_size=batch,
                 shard=af.Shard(count, k),
                 drop_remainder=drop,
-                shuffle=shuffle,
+                shuffle=shuffle,  # type: ignore[arg-type]
                 seed=seed,
-            )  # type: ignore[arg-type]
+                block_rows=block,
+                window_blocks=window,
+            )
             for k in range(count)
         ]
     except af.ConfigError:
@@ -62,7 +77,7 @@ def _make(n: int, count: int, batch: int, drop: bool, shuffle: str, seed: int) -
 @given(plans, st.integers(0, 5))
 @settings(max_examples=300, deadline=None)
 def test_epoch_invariants(args: tuple, epoch: int) -> None:  # type: ignore[type-arg]
-    n, count, batch, drop, shuffle, _seed = args
+    n, count, batch, drop, shuffle, _seed, _block, _window = args
     workers = _make(*args)
     if workers is None:
         return
@@ -101,6 +116,70 @@ def test_seeking_a_step_equals_slicing_the_epoch(args: tuple) -> None:  # type: 
     for step in range(plan.steps):
         lo = step * plan.batch_size
         assert np.array_equal(plan.indices(3, step), whole[lo : lo + plan.batch_rows(step)])
+
+
+@given(
+    n=st.integers(1, 3000),
+    count=st.integers(1, 3),
+    block=st.integers(1, 200),
+    window=st.integers(1, 6),
+    seed=st.integers(0, 2**32),
+)
+@settings(max_examples=150, deadline=None)
+def test_block_order_is_local_to_windows(
+    n: int, count: int, block: int, window: int, seed: int
+) -> None:
+    for k in range(count):
+        try:
+            plan = Plan(
+                n_rows=n,
+                batch_size=7,
+                shard=af.Shard(count, k),
+                shuffle="block",
+                block_rows=block,
+                window_blocks=window,
+                seed=seed,
+            )
+        except af.ConfigError:
+            return
+        rows = plan.indices(epoch=2, start_step=0, stop_step=plan.steps)
+        start, stop = plan.bounds
+        # Walk the epoch window by window: each window is exactly the union of `window` whole
+        # blocks (cut at multiples of `block` and at the shard bounds), in some order.
+        blocks = rows // block
+        seen: set[int] = set()
+        i = 0
+        while i < len(rows):
+            chosen: list[int] = []
+            take = 0
+            while len(chosen) < window and i + take < len(rows):
+                candidates = set(blocks[i : i + take + 1].tolist()) - set(chosen)
+                if not candidates:
+                    take += 1
+                    continue
+                b = candidates.pop()
+                chosen.append(b)
+                take += min(stop, (b + 1) * block) - max(start, b * block)
+            segment = blocks[i : i + take]
+            assert set(segment.tolist()) <= set(chosen)
+            assert not seen & set(chosen)
+            seen |= set(chosen)
+            i += take
+
+
+def test_block_mode_reads_chunks_in_random_order() -> None:
+    plan = Plan(
+        n_rows=100_000, batch_size=256, shuffle="block", block_rows=1000, window_blocks=4, seed=0
+    )
+    rows = plan.indices(0, 0, plan.steps)
+    first_blocks = [int(b) for b in dict.fromkeys((rows // 1000).tolist())][:20]
+    assert first_blocks != sorted(first_blocks)
+    batch = plan.indices(0, 10)
+    assert len(np.unique(batch // 1000)) <= 8  # one window, or two at a boundary
+    other = Plan(
+        n_rows=100_000, batch_size=256, shuffle="block", block_rows=1000, window_blocks=4, seed=0
+    )
+    assert not np.array_equal(other.indices(1, 0, other.steps), rows)  # reshuffled per epoch
 
 
 def test_same_seed_same_plan_other_seed_other_plan() -> None:
@@ -147,6 +226,7 @@ def test_huge_n_index_arithmetic() -> None:
             r"`batch_size` \(4\) is larger than shard 3 of 4, which has 2 rows",
         ),
         ({"shuffle": "sideways"}, "`shuffle` must be"),
+        ({"shuffle": "block", "block_rows": 0}, "`block_rows` must be a positive int"),
     ],
 )
 def test_plan_errors(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
