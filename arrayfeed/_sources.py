@@ -49,6 +49,9 @@ _FEEDABLE_KINDS = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 
 
 _HDF5_SUFFIXES = {".h5", ".hdf5", ".he5", ".hdf"}
 
+#: Indices per h5py point-selection call (see H5Source.read).
+_H5_PIECE = 256
+
 
 @runtime_checkable
 class Source(Protocol):
@@ -291,7 +294,16 @@ class H5Source:
         run = _run_bounds(indices)
         if run is not None:
             return np.asarray(self.dataset[run[0] : run[1]])
-        return np.asarray(self.dataset[indices])
+        # h5py's point selection grows superlinearly with the number of indices (measured: 8192
+        # sorted indices in one call ~50x slower than in pieces of 256), so read in pieces.
+        out = np.empty((len(indices), *self._shape[1:]), dtype=self._dtype)
+        for lo in range(0, len(indices), _H5_PIECE):
+            piece = indices[lo : lo + _H5_PIECE]
+            run = _run_bounds(piece)
+            out[lo : lo + len(piece)] = (
+                self.dataset[run[0] : run[1]] if run is not None else self.dataset[piece]
+            )
+        return out
 
     @property
     def chunk_rows(self) -> int | None:

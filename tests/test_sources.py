@@ -165,6 +165,16 @@ def test_contiguous_hdf5_is_memory_mapped(tmp_path: Path, userblock: int) -> Non
         assert isinstance(as_source(f["x"], "x"), H5Source)
 
 
+def test_h5_reads_long_index_lists_in_pieces(tmp_path: Path) -> None:
+    a = np.arange(3000 * 2).reshape(3000, 2)
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("a", data=a, chunks=(100, 2))
+    src = as_source(h5py.File(tmp_path / "a.h5", "r")["a"], "x")
+    idx = np.unique(np.random.default_rng(0).integers(0, 3000, 1500)).astype(np.int64)
+    idx = np.concatenate([idx[idx < 1000], np.arange(1000, 1600), idx[idx >= 1600]])
+    np.testing.assert_array_equal(src.read(np.unique(idx)), a[np.unique(idx)])
+
+
 def test_h5_source_reopens_by_path_after_pickle(tmp_path: Path) -> None:
     with h5py.File(tmp_path / "a.h5", "w") as f:
         f.create_dataset("a", data=np.arange(10), chunks=(4,))
