@@ -195,14 +195,17 @@ def _seed(seed: int | None) -> int:
 def _dataset(feed: Feed, *, sharded_by_us: bool) -> tf.data.Dataset:
     plan = feed.plan
     rows = plan.batch_size if plan.drop_remainder else None
+    group = (None,) if feed.stacked else ()
     signature = feed.treedef.unflatten(
         [
-            tf.TensorSpec((None, rows, *spec.row_shape), tf.as_dtype(spec.dtype))
+            tf.TensorSpec((*group, rows, *spec.row_shape), tf.as_dtype(spec.dtype))
             for spec in feed.specs
         ]
     )
     ds = tf.data.Dataset.from_generator(feed, output_signature=signature)
-    ds = ds.unbatch().prefetch(2)
+    if feed.stacked:
+        ds = ds.unbatch()
+    ds = ds.prefetch(2)
     ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))
     if sharded_by_us:
         options = tf.data.Options()

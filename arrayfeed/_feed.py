@@ -6,6 +6,8 @@ is requested, not when the iterator is created, so an iterator that is never rea
 an epoch). Each element it yields is a *group* of consecutive batches stacked on a new leading
 axis, shape ``(steps_in_group, batch_rows, *row_shape)`` per leaf; the tf.data glue splits groups
 back into batches in the graph, which amortises the per-element cost of ``from_generator``.
+When one batch alone is about a group's size (large rows), batches are yielded one at a time,
+with no group axis (see :attr:`Feed.stacked`).
 
 Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order.
 """
@@ -87,6 +89,9 @@ class Feed:
         )
         batch_bytes = max(1, row_bytes * plan.batch_size)
         self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
+        #: Whether elements carry a leading group axis (several batches per generator call);
+        #: batches of a group's size or more are yielded one at a time, with no group axis.
+        self.stacked = self.group_steps > 1
 
     def readers(self) -> list[Source]:
         """What one epoch reads each leaf through: with ``shuffle="block"``, chunked storage goes
@@ -149,19 +154,22 @@ class Feed:
     def read_group(
         self, epoch: int, first: int, stop: int, readers: Sequence[Source] | None = None
     ) -> Any:
-        """Steps ``[first, stop)`` of ``epoch`` stacked per leaf, in the output structure."""
+        """Steps ``[first, stop)`` of ``epoch`` in the output structure: per leaf, the batches
+        stacked on a leading axis when :attr:`stacked`, else the one batch itself."""
         plan = self.plan
         rows = plan.batch_rows(first)
+        lead = (stop - first, rows) if self.stacked else (rows,)
         indices = plan.indices(epoch, first, stop)
-        leaves = read_rows(readers or self.sources, indices, lead_shape=(stop - first, rows))
+        leaves = read_rows(readers or self.sources, indices, lead_shape=lead)
         if self.map_batch is None:
             return self.treedef.unflatten(leaves)
-        stacked = [aligned_empty((stop - first, rows, *s.row_shape), s.dtype) for s in self.specs]
+        outs = [aligned_empty((*lead, *s.row_shape), s.dtype) for s in self.specs]
         for i in range(stop - first):
-            outputs = self._apply_map(self.in_treedef.unflatten([leaf[i] for leaf in leaves]), rows)
-            for buffer, value in zip(stacked, outputs, strict=True):
-                buffer[i] = value
-        return self.treedef.unflatten(stacked)
+            batch = [leaf[i] for leaf in leaves] if self.stacked else leaves
+            outputs = self._apply_map(self.in_treedef.unflatten(batch), rows)
+            for out, value in zip(outs, outputs, strict=True):
+                out[i if self.stacked else slice(None)] = value
+        return self.treedef.unflatten(outs)
 
     def _apply_map(self, batch: Any, rows: int) -> list[np.ndarray]:
         assert self.map_batch is not None

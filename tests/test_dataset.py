@@ -95,6 +95,19 @@ def test_bool_and_float16_values_exact() -> None:
         np.testing.assert_array_equal(xb["h"].numpy(), halves[ids])
 
 
+@pytest.mark.parametrize("drop", [False, True])
+def test_large_rows_one_batch_per_generator_call(drop: bool) -> None:
+    n = 300  # 128 rows of 12 KiB exceed a group: batches are yielded one at a time
+    images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
+    ds = af.from_arrays(images, np.arange(n), batch_size=128, seed=5, drop_remainder=drop)
+    assert ds.element_spec[0].shape.as_list() == [128 if drop else None, 64, 64, 3]
+    seen = []
+    for xb, yb in ds:
+        np.testing.assert_array_equal(xb.numpy(), images[yb.numpy()])
+        seen.append(yb.numpy())
+    assert [len(b) for b in seen] == ([128, 128] if drop else [128, 128, 44])
+
+
 def test_len_and_dynamic_batch_axis() -> None:
     ds = af.from_arrays(np.zeros((N, 4), np.float32), batch_size=10)
     assert len(ds) == 11

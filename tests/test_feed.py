@@ -24,6 +24,9 @@ def _feed(n: int = 50, batch: int = 8, drop: bool = False, **kwargs: object) -> 
 def _batches(feed: Feed) -> list[dict[str, np.ndarray]]:
     out = []
     for group in feed():
+        if not feed.stacked:
+            out.append(group)
+            continue
         for i in range(len(group["a"])):
             out.append({k: v[i] for k, v in group.items()})
     return out
@@ -69,6 +72,20 @@ def test_abandoned_epoch_shuts_its_threads_down() -> None:
         assert _reader_threads() > 0
         it.close()
     assert _reader_threads() == 0
+
+
+def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis() -> None:
+    n = 200  # batches of 128 rows of 12 KiB: 1.5 MiB, more than a group
+    images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
+    leaves, treedef = flatten((images, np.arange(n)), lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=n, batch_size=128, seed=0)
+    for fn in (None, lambda b: (b[0][:, ::2], b[1])):
+        feed = Feed([ArraySource(v) for v in leaves], treedef, plan, map_batch=fn)  # type: ignore[arg-type]
+        assert not feed.stacked
+        got = list(feed())
+        assert [g[0].shape[0] for g in got] == [128, 72]
+        for xb, yb in got:
+            np.testing.assert_array_equal(xb, images[yb][:, :: 1 if fn is None else 2])
 
 
 def test_map_batch_may_add_drop_and_change_leaves() -> None:
