@@ -8,6 +8,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from ._bench import BenchReport, bench
 from ._errors import (
     ArrayfeedError,
     ConfigError,
@@ -19,7 +20,7 @@ from ._errors import (
     StructureError,
 )
 from ._shard import Shard
-from ._sources import GatherInto, Source, open_array
+from ._sources import Chunked, GatherInto, Source, open_array
 
 if TYPE_CHECKING:
     from ._dataset import from_arrays
@@ -44,6 +45,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ArrayfeedError",
+    "BenchReport",
+    "Chunked",
     "ConfigError",
     "CorruptDataError",
     "DtypeError",
@@ -55,6 +58,7 @@ __all__ = [
     "SourceNotFoundError",
     "StructureError",
     "__version__",
+    "bench",
     "distribute",
     "distributed_steps",
     "from_arrays",

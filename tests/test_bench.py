@@ -1,0 +1,54 @@
+"""`arrayfeed.bench`: measures the user's arrays and gives advice that follows from the figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+import arrayfeed as af
+from arrayfeed._bench import BenchReport, _advise
+from arrayfeed._sources import ArraySource
+
+
+def test_bench_measures_every_mode(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((4000, 8), np.float32))
+    report = af.bench({"x": str(tmp_path / "x.npy")}, batch_size=64, seconds=0.2)
+    assert set(report.modes) == {"full", "block", "none"}
+    assert all(rate > 0 for rate in report.modes.values())
+    assert report.rows == 4000 and report.row_bytes == 32 and report.ceiling is None
+    text = report.format()
+    assert "from_arrays(shuffle='block')" in text and "4,000 rows of 32 bytes" in text
+
+
+def test_bench_spots_chunks_that_split_rows(tmp_path: Path) -> None:
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset(
+            "x", data=np.zeros((3000, 16), np.float32), chunks=(500, 4), compression="lzf"
+        )
+        f.create_dataset("y", data=np.zeros(3000, np.int32), chunks=(500,))
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        report = af.bench(
+            {"x": f["x"], "y": f["y"]}, batch_size=64, seconds=0.2, modes=("full", "block")
+        )
+    assert report.ceiling is not None and report.ceiling > 0
+    assert report.chunk_rows == {"x": 500, "y": 500}
+    assert any(
+        "chunks of x split rows" in line and "arrayfeed convert x=PATH y=PATH" in line
+        for line in report.advice
+    )
+
+
+def _report(full: float, block: float, ceiling: float | None = None) -> BenchReport:
+    return BenchReport(
+        rows=10, row_bytes=4, batch_size=2, modes={"full": full, "block": block}, ceiling=ceiling
+    )
+
+
+def test_advice_follows_the_figures() -> None:
+    src = {"x": ArraySource(np.zeros(10))}
+    assert "use it" in _advise(_report(100.0, 400.0), src)[0]
+    assert "keep it" in _advise(_report(100.0, 110.0), src)[0]
+    slow = _advise(_report(100.0, 110.0, ceiling=1000.0), src)
+    assert any("far below the storage's own slab speed" in line for line in slow)
