@@ -16,6 +16,7 @@ from ._errors import (
     MapBatchError,
     ShapeError,
     SourceNotFoundError,
+    SourceUnavailableError,
     StructureError,
 )
 from ._shard import Shard
@@ -23,6 +24,7 @@ from ._sources import GatherInto, Source, open_array
 
 if TYPE_CHECKING:
     from ._dataset import from_arrays
+    from ._keras import ResumeCallback
 
 __version__ = "0.1.0.dev0"
 
@@ -34,6 +36,10 @@ def __getattr__(name: str) -> Any:
         from ._dataset import from_arrays
 
         return from_arrays
+    if name == "ResumeCallback":
+        from ._keras import ResumeCallback
+
+        return ResumeCallback
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
 
@@ -44,10 +50,12 @@ __all__ = [
     "DtypeError",
     "GatherInto",
     "MapBatchError",
+    "ResumeCallback",
     "Shard",
     "ShapeError",
     "Source",
     "SourceNotFoundError",
+    "SourceUnavailableError",
     "StructureError",
     "__version__",
     "from_arrays",
