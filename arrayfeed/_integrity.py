@@ -19,10 +19,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import h5py
@@ -252,7 +254,12 @@ def _marked(attrs: Mapping[str, Any]) -> bool:
 
 
 def zarr_marked_complete(array: zarr.Array[Any]) -> bool:
-    """True if ``array`` or one of its parent groups carries ``{"arrayfeed": {"complete": true}}``."""
+    """True if ``array`` or a group above it carries ``{"arrayfeed": {"complete": true}}``.
+
+    Groups above it inside its store are opened through the store; for a local store opened at
+    the array itself (``zarr.open_array("store.zarr/x")``), the group metadata files in the
+    directories above are read as well.
+    """
     if _marked(array.attrs):
         return True
     parts = [p for p in str(array.path).split("/") if p]
@@ -263,7 +270,35 @@ def zarr_marked_complete(array: zarr.Array[Any]) -> bool:
             continue
         if _marked(group.attrs):
             return True
+    store = _unwrap(array.store)
+    if isinstance(store, LocalStore):
+        for directory in Path(store.root).resolve().parents:
+            attrs = _local_group_attrs(directory)
+            if attrs is None:
+                break  # not a group: the enclosing store ends here
+            if _marked(attrs):
+                return True
     return False
+
+
+def _local_group_attrs(directory: Path) -> dict[str, Any] | None:
+    """Attributes of the Zarr group whose directory is ``directory``, or None if it is not one."""
+    try:
+        if (directory / "zarr.json").is_file():
+            meta = json.loads((directory / "zarr.json").read_text())
+            return dict(meta.get("attributes", {})) if meta.get("node_type") == "group" else None
+        if (directory / ".zgroup").is_file():
+            zattrs = directory / ".zattrs"
+            return dict(json.loads(zattrs.read_text())) if zattrs.is_file() else {}
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _unwrap(store: Store) -> Store:
+    while isinstance(store, WrapperStore):
+        store = store._store
+    return store
 
 
 def _chunk_coords(key: str) -> tuple[int, ...]:
@@ -333,9 +368,7 @@ def strict_zarr_array(array: zarr.Array[Any], name: str) -> zarr.Array[Any]:
 
 def zarr_fingerprint(array: zarr.Array[Any]) -> Fingerprint | None:
     """The fingerprint of the metadata file of an array in a local (directory) store."""
-    store = array.store
-    while isinstance(store, WrapperStore):
-        store = store._store
+    store = _unwrap(array.store)
     if not isinstance(store, LocalStore):
         return None
     metadata = "zarr.json" if array.metadata.zarr_format == 3 else ".zarray"

@@ -458,29 +458,31 @@ def as_source(obj: Any, name: str) -> Source:
 def check_feedable(source: Source, name: str) -> None:
     """Raise a named error if ``source`` cannot be fed to TensorFlow as batches of rows."""
     dtype = np.dtype(source.dtype)
+    stored = getattr(source, "name", name)  # a file-backed source is named after its file
+    label = f"`{name}`" if stored in (name, "array") else f"`{name}` ('{stored}')"
     if dtype.hasobject:
         raise DtypeError(
-            f"`{name}` has dtype object, which TensorFlow cannot take; convert it to a numeric "
+            f"{label} has dtype object, which TensorFlow cannot take; convert it to a numeric "
             "dtype (e.g. `np.asarray(a, dtype=np.float32)`)."
         )
     if dtype.fields is not None:
         raise DtypeError(
-            f"`{name}` has a structured dtype {dtype}; pass each field as its own array, e.g. "
+            f"{label} has a structured dtype {dtype}; pass each field as its own array, e.g. "
             "`{'a': arr['a'], 'b': arr['b']}`."
         )
     if dtype.kind in "USM" or dtype.kind == "m":
         raise DtypeError(
-            f"`{name}` has dtype {dtype}, which arrayfeed does not feed; encode it as numbers "
+            f"{label} has dtype {dtype}, which arrayfeed does not feed; encode it as numbers "
             "(e.g. token ids or integer timestamps) first."
         )
     if dtype.itemsize not in _FEEDABLE_KINDS.get(dtype.kind, ()):
         raise DtypeError(
-            f"`{name}` has dtype {dtype}, which TensorFlow cannot represent; cast it to a supported "
+            f"{label} has dtype {dtype}, which TensorFlow cannot represent; cast it to a supported "
             "dtype (bool, (u)int8-64, float16/32/64, complex64/128)."
         )
     if len(source.shape) == 0:
         raise ShapeError(
-            f"`{name}` is 0-d (a scalar); arrayfeed needs arrays with a batch axis. Use shape (N, ...)."
+            f"{label} is 0-d (a scalar); arrayfeed needs arrays with a batch axis. Use shape (N, ...)."
         )
     if len(source) == 0:
-        raise ShapeError(f"`{name}` is empty (shape {source.shape}); give it at least one row.")
+        raise ShapeError(f"{label} is empty (shape {source.shape}); give it at least one row.")
