@@ -165,3 +165,16 @@ def test_seek_moves_the_next_iteration() -> None:
     assert feed.next_position == (7, 0)
     with pytest.raises(af.ConfigError, match=r"`step` \(11\) must be less than the 11 steps"):
         feed.seek(1, 11)
+
+
+def test_stream_is_the_same_whatever_threads_and_storage(write: Any) -> None:
+    # Resuming in another process or machine relies on this: the stream depends on the plan's
+    # arguments only, not on the reader threads or the backend the rows are stored in.
+    x, ids = _data()
+    streams = []
+    for backend, threads in [("ndarray", 1), ("npy_path", 4), ("hdf5", 2), ("zarr", 3)]:
+        ds = af.from_arrays(write(backend, "x", x), ids, batch_size=9, seed=21, num_threads=threads)
+        streams.append(_passes(ds, 2))
+    for other in streams[1:]:
+        for got, expected in zip(other, streams[0], strict=True):
+            _assert_same_batches(got, expected)
