@@ -17,6 +17,7 @@ from ._errors import (
     MapBatchError,
     ShapeError,
     SourceNotFoundError,
+    SourceUnavailableError,
     StructureError,
 )
 from ._shard import Shard
@@ -25,6 +26,7 @@ from ._sources import Chunked, GatherInto, Source, open_array
 if TYPE_CHECKING:
     from ._dataset import from_arrays
     from ._distribute import distribute, distributed_steps
+    from ._keras import ResumeCallback
 
 __version__ = "0.1.0.dev0"
 
@@ -40,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from . import _distribute
 
         return getattr(_distribute, name)
+    if name == "ResumeCallback":
+        from ._keras import ResumeCallback
+
+        return ResumeCallback
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
 
@@ -52,10 +58,12 @@ __all__ = [
     "DtypeError",
     "GatherInto",
     "MapBatchError",
+    "ResumeCallback",
     "Shard",
     "ShapeError",
     "Source",
     "SourceNotFoundError",
+    "SourceUnavailableError",
     "StructureError",
     "__version__",
     "bench",

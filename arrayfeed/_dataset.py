@@ -15,6 +15,7 @@ import tensorflow as tf
 from ._errors import ConfigError, ShapeError, StructureError
 from ._feed import Feed
 from ._plan import Plan, ShuffleMode, block_layout
+from ._resume import check_position, register
 from ._shard import Shard
 from ._sources import Chunked, GatherInto, Source, as_source, check_feedable, is_array_like
 from ._structure import Treedef, flatten
@@ -36,6 +37,8 @@ def from_arrays(
     drop_remainder: bool = False,
     map_batch: Callable[[Any], Any] | None = None,
     num_threads: int | None = None,
+    start_epoch: int = 0,
+    start_step: int = 0,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of shuffled, sharded batches read from arrays on disk or in memory.
 
@@ -72,6 +75,13 @@ def from_arrays(
             structure) returning a structure of arrays with the same batch size; the dataset's
             elements are what it returns. It runs in reader threads, possibly concurrently.
         num_threads: Reader threads (default: one per core, at most 8).
+        start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
+            after it. With the same ``seed``, the stream is exactly the one an uninterrupted run
+            produces from that point on.
+        start_step: Step (batch) of ``start_epoch`` where the first iteration starts, in
+            ``[0, len(ds))``; reached in O(1), nothing before it is read. The first iteration then
+            yields ``len(ds) - start_step`` batches and later ones ``len(ds)``. For Keras, use
+            :class:`arrayfeed.ResumeCallback` instead.
 
     Returns:
         A dataset whose ``len()`` is the number of batches per epoch on this worker. Each new
@@ -102,8 +112,12 @@ def from_arrays(
         _positive_int(num_threads, "num_threads")
     if map_batch is not None and not callable(map_batch):
         raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
+    start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
     feed = Feed(sources, treedef, plan, map_batch=map_batch, num_threads=num_threads)
-    return _dataset(feed, sharded_by_us=ours)
+    feed.seek(*start)
+    ds = _dataset(feed, sharded_by_us=ours, first_pass_short=start[1] > 0)
+    register(ds, feed)
+    return ds
 
 
 def _sources_of(x: Any, y: Any, sample_weight: Any) -> tuple[Treedef, list[Any]]:
@@ -192,7 +206,7 @@ def _seed(seed: int | None) -> int:
     return int(seed)
 
 
-def _dataset(feed: Feed, *, sharded_by_us: bool) -> tf.data.Dataset:
+def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False) -> tf.data.Dataset:
     plan = feed.plan
     rows = plan.batch_size if plan.drop_remainder else None
     group = (None,) if feed.stacked else ()
@@ -206,9 +220,33 @@ def _dataset(feed: Feed, *, sharded_by_us: bool) -> tf.data.Dataset:
     if feed.stacked:
         ds = ds.unbatch()
     ds = ds.prefetch(2)
-    ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))
+    if first_pass_short:
+        ds = _up_to(ds, plan.steps)
+    else:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))
     if sharded_by_us:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         ds = ds.with_options(options)
     return ds
+
+
+def _up_to(ds: tf.data.Dataset, steps: int) -> tf.data.Dataset:
+    """``ds`` with cardinality ``steps``, where a pass may also end earlier (a resumed first epoch).
+
+    ``assert_cardinality`` fails a shorter pass, and ``repeat().take()`` would run into the next
+    epoch. Choosing always from ``ds`` next to an infinite placeholder that is never chosen makes
+    the cardinality infinite without changing the elements (the choice stops when ``ds`` ends), so
+    ``take(steps)`` gives a known length.
+    """
+    placeholder = tf.data.Dataset.from_tensors(
+        tf.nest.map_structure(
+            lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype),
+            ds.element_spec,
+        )
+    ).repeat()
+    choice = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat()
+    chosen = tf.data.Dataset.choose_from_datasets(
+        [ds, placeholder], choice, stop_on_empty_dataset=True
+    )
+    return chosen.take(steps)

@@ -15,6 +15,7 @@ __all__ = [
     "MapBatchError",
     "ShapeError",
     "SourceNotFoundError",
+    "SourceUnavailableError",
     "StructureError",
 ]
 
@@ -41,6 +42,10 @@ class StructureError(ArrayfeedError, TypeError):
 
 class SourceNotFoundError(ArrayfeedError, FileNotFoundError):
     """A file, HDF5 dataset or Zarr array named as a source does not exist."""
+
+
+class SourceUnavailableError(ArrayfeedError, OSError):
+    """A source exists but cannot be read here: locked by a writer, or needs a missing HDF5 filter."""
 
 
 class CorruptDataError(ArrayfeedError, OSError):

@@ -26,8 +26,10 @@ import numpy as np
 
 from ._blocks import BlockCache
 from ._errors import DtypeError, MapBatchError, StructureError
+from ._integrity import verify_sources
 from ._plan import Plan
 from ._read import aligned_empty, native_dtype, read_rows
+from ._resume import check_position
 from ._sources import Chunked, GatherInto, Source
 from ._structure import Treedef, flatten
 
@@ -117,9 +119,35 @@ class Feed:
         return epoch, step
 
     def __call__(self) -> Iterator[Any]:
-        """Yield the groups of the next epoch (the epoch is taken at the first request)."""
+        """Yield the groups of the next epoch (the epoch is taken at the first request).
+
+        Every source is verified first: a file changed since it was opened raises here, at the
+        start of the epoch, before any of its rows are read.
+        """
         epoch, start_step = self._take_epoch()
+        verify_sources(self.sources)
         yield from self.epoch(epoch, start_step)
+
+    def seek(self, epoch: int, step: int = 0) -> None:
+        """Make the next call (the next iteration of the dataset) start at ``step`` of ``epoch``."""
+        position = check_position(self.plan.steps, epoch, step)
+        with self._lock:
+            self._next = position
+
+    @property
+    def next_position(self) -> tuple[int, int]:
+        """``(epoch, step)`` where the next call will start."""
+        with self._lock:
+            return self._next
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock cannot be pickled; the copy gets its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def groups(self, start_step: int = 0) -> list[tuple[int, int]]:
         """``(first_step, stop_step)`` of each group; a short last batch is a group of its own."""

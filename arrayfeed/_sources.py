@@ -24,7 +24,25 @@ import numpy as np
 import numpy.typing as npt
 import zarr
 
-from ._errors import CorruptDataError, DtypeError, ShapeError, SourceNotFoundError
+from ._errors import (
+    ArrayfeedError,
+    CorruptDataError,
+    DtypeError,
+    ShapeError,
+    SourceNotFoundError,
+    SourceUnavailableError,
+)
+from ._integrity import (
+    Fingerprint,
+    check_h5_filters,
+    h5_fingerprint,
+    memmap_fingerprint,
+    open_h5_file,
+    strict_zarr_array,
+    zarr_fingerprint,
+    zarr_marked_complete,
+    zarr_read_error,
+)
 
 __all__ = [
     "ArraySource",
@@ -104,6 +122,7 @@ class ArraySource:
     def __init__(self, array: np.ndarray, name: str = "array") -> None:
         self._array = array
         self.name = name
+        self.fingerprint = memmap_fingerprint(array)
 
     @property
     def array(self) -> np.ndarray:
@@ -129,6 +148,11 @@ class ArraySource:
     def gather_into(self, indices: Indices, out: np.ndarray) -> None:
         np.take(self.array, indices, axis=0, out=out)
 
+    def verify(self) -> None:
+        """Raise :class:`CorruptDataError` if the file behind a memory map changed since opening."""
+        if self.fingerprint is not None:
+            self.fingerprint.check(self.name)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={self.dtype})"
 
@@ -142,6 +166,7 @@ class _MappedSource(ArraySource):
     ) -> None:
         self.path = path
         self._shape, self._dtype, self._offset, self._fortran = shape, dtype, offset, fortran
+        self.fingerprint = Fingerprint.of(path)
         self._array: np.ndarray | None = None  # type: ignore[assignment]
         self._pid = -1
 
@@ -184,9 +209,11 @@ class NpySource(_MappedSource):
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        fingerprint = Fingerprint.of(Path(path))  # before the header, so later changes show
         shape, dtype, fortran, offset = _read_npy_header(Path(path))
         super().__init__(Path(path), shape, dtype, offset, fortran)
         self.name = str(self.path)
+        self.fingerprint = fingerprint
 
 
 class H5ContiguousSource(_MappedSource):
@@ -215,6 +242,8 @@ def _h5_byte_offset(dataset: h5py.Dataset) -> int | None:
         return None
     if dataset.file.driver not in ("sec2", "stdio", "direct") or dataset.file.mode != "r":
         return None
+    if dataset.file.swmr_mode:
+        return None  # a SWMR writer may still move or extend the data: read through HDF5
     offset = dataset.id.get_offset()
     nbytes = int(np.prod(dataset.shape, dtype=np.int64)) * dtype.itemsize
     if offset is None or dataset.id.get_storage_size() != nbytes:
@@ -271,13 +300,21 @@ class H5Source:
         self._dtype: np.dtype[Any] = np.dtype(dataset.dtype)
         self._dataset: h5py.Dataset | None = dataset
         self._pid = os.getpid()
+        self._swmr = bool(dataset.file.swmr_mode)
+        check_h5_filters(dataset, self.name)
+        self.fingerprint = h5_fingerprint(dataset)
 
     @property
     def dataset(self) -> h5py.Dataset:
         if self._dataset is None or self._pid != os.getpid():
-            self._dataset = h5py.File(self.filename, "r")[self.key]
+            self._dataset = open_h5_file(self.filename, swmr=self._swmr)[self.key]
             self._pid = os.getpid()
         return self._dataset
+
+    def verify(self) -> None:
+        """Raise :class:`CorruptDataError` if the file was replaced or changed since opening."""
+        if self.fingerprint is not None:
+            self.fingerprint.check(self.name)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -321,11 +358,21 @@ class H5Source:
 
 
 class ZarrSource:
-    """A ``zarr.Array`` (Zarr format 3 or 2), read with orthogonal selection."""
+    """A ``zarr.Array`` (Zarr format 3 or 2), read with orthogonal selection.
 
-    def __init__(self, array: zarr.Array[Any], name: str | None = None) -> None:
-        self.array = array
+    ``strict``: a missing chunk raises :class:`CorruptDataError` instead of reading as the fill
+    value. None (the default) means strict exactly when the array or a parent group is marked
+    complete by arrayfeed (``{"arrayfeed": {"complete": true}}``); foreign stores, which may
+    legitimately omit chunks equal to the fill value, keep Zarr's semantics.
+    """
+
+    def __init__(
+        self, array: zarr.Array[Any], name: str | None = None, *, strict: bool | None = None
+    ) -> None:
         self.name = name or f"{array.store}/{array.path}".rstrip("/")
+        self.strict = zarr_marked_complete(array) if strict is None else bool(strict)
+        self.fingerprint = zarr_fingerprint(array)
+        self.array = strict_zarr_array(array, self.name) if self.strict else array
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -339,10 +386,20 @@ class ZarrSource:
         return self.shape[0] if self.shape else 0
 
     def read(self, indices: Indices) -> np.ndarray:
-        run = _run_bounds(indices)
-        if run is not None:
-            return np.asarray(self.array[run[0] : run[1]])
-        return np.asarray(self.array.oindex[indices])
+        try:
+            run = _run_bounds(indices)
+            if run is not None:
+                return np.asarray(self.array[run[0] : run[1]])
+            return np.asarray(self.array.oindex[indices])
+        except (ArrayfeedError, MemoryError):
+            raise
+        except Exception as exc:  # a codec or store error: name the chunk
+            raise zarr_read_error(self.array, self.name, indices, exc) from exc
+
+    def verify(self) -> None:
+        """Raise :class:`CorruptDataError` if the array's metadata file changed since opening."""
+        if self.fingerprint is not None:
+            self.fingerprint.check(self.name)
 
     @property
     def chunk_rows(self) -> int | None:
@@ -354,7 +411,9 @@ class ZarrSource:
         return f"ZarrSource({self.name!r}, shape={self.shape}, dtype={self.dtype})"
 
 
-def open_array(path: str | os.PathLike[str], key: str | None = None) -> Source:
+def open_array(
+    path: str | os.PathLike[str], key: str | None = None, *, strict: bool | None = None
+) -> Source:
     """Open an array on disk as a :class:`Source`, without reading its data.
 
     - ``.npy``: memory-mapped read-only (``key`` must be None).
@@ -362,7 +421,10 @@ def open_array(path: str | os.PathLike[str], key: str | None = None) -> Source:
     - HDF5 (``.h5``, ``.hdf5`` … or any file with the HDF5 signature): the dataset at ``key``;
       ``key`` may be omitted when the file holds exactly one dataset.
     - Zarr (a directory store): the array itself when ``key`` is None, or the array at ``key``
-      inside a group.
+      inside a group. ``strict=True`` makes a missing chunk an error instead of fill values; the
+      default (None) is strict for stores marked complete by arrayfeed (``arrayfeed convert``
+      writes every chunk and marks the store) and follows Zarr's semantics for other stores.
+      ``strict`` only concerns Zarr.
 
     >>> import numpy as np, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
@@ -384,7 +446,7 @@ def open_array(path: str | os.PathLike[str], key: str | None = None) -> Source:
     if suffix == ".npz":
         return _open_npz(p, key)
     if p.is_dir():
-        return _open_zarr(p, key)
+        return _open_zarr(p, key, strict)
     if suffix in _HDF5_SUFFIXES or h5py.is_hdf5(p):
         return _open_hdf5(p, key)
     raise SourceNotFoundError(
@@ -410,7 +472,9 @@ def _open_npz(path: Path, key: str | None) -> Source:
 
 def _open_hdf5(path: Path, key: str | None) -> Source:
     try:
-        f = h5py.File(path, "r")
+        f = open_h5_file(str(path))
+    except SourceUnavailableError:
+        raise
     except OSError as exc:
         raise CorruptDataError(f"cannot open HDF5 file '{path}' for reading ({exc}).") from None
     datasets: list[str] = []
@@ -423,10 +487,14 @@ def _open_hdf5(path: Path, key: str | None) -> Source:
         raise SourceNotFoundError(
             f"'{path}' has no dataset {key!r}; its datasets are {datasets}. Pass one as `key`."
         )
-    return h5_source(node)
+    try:
+        return h5_source(node)
+    except ArrayfeedError:
+        f.close()
+        raise
 
 
-def _open_zarr(path: Path, key: str | None) -> Source:
+def _open_zarr(path: Path, key: str | None, strict: bool | None = None) -> Source:
     try:
         node = zarr.open(store=str(path), mode="r")
     except Exception as exc:  # zarr raises several unrelated types for a non-store directory
@@ -447,7 +515,7 @@ def _open_zarr(path: Path, key: str | None) -> Source:
         key = names[0]
         node = node[key]
     assert isinstance(node, zarr.Array)
-    return ZarrSource(node, name=f"{path}:{key}" if key else str(path))
+    return ZarrSource(node, name=f"{path}:{key}" if key else str(path), strict=strict)
 
 
 def _zarr_arrays(node: Any) -> list[str]:
@@ -485,29 +553,31 @@ def as_source(obj: Any, name: str) -> Source:
 def check_feedable(source: Source, name: str) -> None:
     """Raise a named error if ``source`` cannot be fed to TensorFlow as batches of rows."""
     dtype = np.dtype(source.dtype)
+    stored = getattr(source, "name", name)  # a file-backed source is named after its file
+    label = f"`{name}`" if stored in (name, "array") else f"`{name}` ('{stored}')"
     if dtype.hasobject:
         raise DtypeError(
-            f"`{name}` has dtype object, which TensorFlow cannot take; convert it to a numeric "
+            f"{label} has dtype object, which TensorFlow cannot take; convert it to a numeric "
             "dtype (e.g. `np.asarray(a, dtype=np.float32)`)."
         )
     if dtype.fields is not None:
         raise DtypeError(
-            f"`{name}` has a structured dtype {dtype}; pass each field as its own array, e.g. "
+            f"{label} has a structured dtype {dtype}; pass each field as its own array, e.g. "
             "`{'a': arr['a'], 'b': arr['b']}`."
         )
     if dtype.kind in "USM" or dtype.kind == "m":
         raise DtypeError(
-            f"`{name}` has dtype {dtype}, which arrayfeed does not feed; encode it as numbers "
+            f"{label} has dtype {dtype}, which arrayfeed does not feed; encode it as numbers "
             "(e.g. token ids or integer timestamps) first."
         )
     if dtype.itemsize not in _FEEDABLE_KINDS.get(dtype.kind, ()):
         raise DtypeError(
-            f"`{name}` has dtype {dtype}, which TensorFlow cannot represent; cast it to a supported "
+            f"{label} has dtype {dtype}, which TensorFlow cannot represent; cast it to a supported "
             "dtype (bool, (u)int8-64, float16/32/64, complex64/128)."
         )
     if len(source.shape) == 0:
         raise ShapeError(
-            f"`{name}` is 0-d (a scalar); arrayfeed needs arrays with a batch axis. Use shape (N, ...)."
+            f"{label} is 0-d (a scalar); arrayfeed needs arrays with a batch axis. Use shape (N, ...)."
         )
     if len(source) == 0:
-        raise ShapeError(f"`{name}` is empty (shape {source.shape}); give it at least one row.")
+        raise ShapeError(f"{label} is empty (shape {source.shape}); give it at least one row.")

@@ -1,0 +1,74 @@
+"""Keras integration: resuming training with the same batches as an uninterrupted run.
+
+``keras.callbacks.BackupAndRestore`` (Keras 3) saves the weights, the optimizer state and the
+epoch counter, and after a restart ``fit`` continues at the saved epoch. An arrayfeed dataset
+counts epochs by its own iterations, so a restarted process would start again at epoch 0 and feed
+the batches of epoch 0 to Keras' epoch ``E``. :class:`ResumeCallback` moves the dataset to Keras'
+epoch at every ``on_epoch_begin``, so Keras step ``k`` of epoch ``e`` always trains on batch
+``(e, k)`` of the stream, resumed or not.
+
+With ``save_freq=<int>``, Keras 3.15 records the batch in its backup but restarts the
+interrupted epoch from its first batch (with the mid-epoch weights); the dataset follows Keras and
+also starts that epoch from its first batch. An exact mid-epoch resume is what
+``from_arrays(..., start_epoch=, start_step=)`` gives a custom training loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from ._errors import ConfigError
+from ._resume import feeds_of
+
+__all__ = ["ResumeCallback"]
+
+
+class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
+    """Keeps an arrayfeed dataset's epochs in step with Keras' epoch counter.
+
+    Pass it to ``fit`` with the training dataset, next to ``keras.callbacks.BackupAndRestore``::
+
+        train = af.from_arrays(x, y, batch_size=256, seed=0)  # a fixed seed: same stream again
+        model.fit(train, epochs=10, callbacks=[
+            keras.callbacks.BackupAndRestore("backup/"), af.ResumeCallback(train)])
+
+    After a restart, the new process builds the same dataset and model, calls the same ``fit``,
+    and trains epoch ``E`` on the same batches as a run that was never interrupted.
+
+    Args:
+        dataset: A dataset returned by :func:`arrayfeed.from_arrays`, or derived from one by
+            transformations that keep one iteration = one epoch (``map``, ``prefetch``,
+            ``with_options`` …; not ``repeat``, ``skip`` or ``take``). Each Keras epoch must be one
+            full iteration: do not pass ``steps_per_epoch`` to ``fit``.
+
+    >>> import numpy as np, arrayfeed as af
+    >>> ds = af.from_arrays(np.zeros((10, 2)), np.zeros(10), batch_size=4, seed=0)
+    >>> callback = af.ResumeCallback(ds.prefetch(1))
+    >>> callback.on_epoch_begin(3)  # what fit does; the next iteration of ds is epoch 3
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self._feeds = feeds_of(dataset)
+        if not self._feeds:
+            raise ConfigError(
+                f"`dataset` ({type(dataset).__name__}) was not made by arrayfeed.from_arrays, nor "
+                "derived from such a dataset by tf.data transformations; pass the dataset that "
+                "from_arrays returned."
+            )
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        steps = (self.params or {}).get("steps")
+        for feed in self._feeds:
+            if steps is not None and steps != feed.plan.steps:
+                raise ConfigError(
+                    f"ResumeCallback needs every Keras epoch to be one full pass over the dataset, "
+                    f"but fit runs {steps} steps per epoch and the dataset has {feed.plan.steps}; "
+                    "drop `steps_per_epoch` from fit (or set it to len(dataset))."
+                )
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        for feed in self._feeds:
+            feed.seek(epoch, 0)
