@@ -8,12 +8,15 @@
 
 from typing import TYPE_CHECKING, Any
 
+from ._convert import ConversionRecord, convert, written_by_arrayfeed
 from ._errors import (
     ArrayfeedError,
     ConfigError,
     CorruptDataError,
+    DestinationError,
     DtypeError,
     MapBatchError,
+    OutputExistsError,
     ShapeError,
     SourceNotFoundError,
     StructureError,
@@ -36,19 +39,25 @@ def __getattr__(name: str) -> Any:
         return from_arrays
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
+
 __all__ = [
     "ArrayfeedError",
     "ConfigError",
+    "ConversionRecord",
     "CorruptDataError",
+    "DestinationError",
     "DtypeError",
     "GatherInto",
     "MapBatchError",
+    "OutputExistsError",
     "Shard",
     "ShapeError",
     "Source",
     "SourceNotFoundError",
     "StructureError",
     "__version__",
+    "convert",
     "from_arrays",
     "open_array",
+    "written_by_arrayfeed",
 ]
