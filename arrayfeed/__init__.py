@@ -21,6 +21,7 @@ from ._errors import (
     SourceNotFoundError,
     StructureError,
 )
+from ._inspect import InspectReport, inspect
 from ._shard import Shard
 from ._sources import GatherInto, Source, open_array
 
@@ -48,6 +49,7 @@ __all__ = [
     "DestinationError",
     "DtypeError",
     "GatherInto",
+    "InspectReport",
     "MapBatchError",
     "OutputExistsError",
     "Shard",
@@ -58,6 +60,7 @@ __all__ = [
     "__version__",
     "convert",
     "from_arrays",
+    "inspect",
     "open_array",
     "written_by_arrayfeed",
 ]

@@ -126,7 +126,7 @@ class ArrayLayout:
     Attributes:
         name: Path of the array inside its file or store (``""`` for a lone array).
         shape: Shape; axis 0 is the batch axis.
-        dtype: NumPy dtype name.
+        dtype: NumPy dtype (a dtype name is converted).
         chunks: Chunk shape, or None when the array is contiguous.
         compression: Codecs or filters in human form (``"none"`` when uncompressed).
         stored_bytes: Bytes on disk, when known.
@@ -137,7 +137,7 @@ class ArrayLayout:
 
     name: str
     shape: tuple[int, ...]
-    dtype: str
+    dtype: np.dtype[Any]
     chunks: tuple[int, ...] | None
     compression: str = "none"
     stored_bytes: int | None = None
@@ -145,10 +145,16 @@ class ArrayLayout:
     missing_chunks: int | None = None
     strict: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        if self.chunks is not None:
+            object.__setattr__(self, "chunks", tuple(int(n) for n in self.chunks))
+
     @property
     def nbytes(self) -> int:
         """Bytes of the array once read (uncompressed)."""
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def row_bytes(self) -> int:
@@ -166,7 +172,7 @@ class ArrayLayout:
         if self.chunks is None:
             return None
         clipped = [min(c, s) for c, s in zip(self.chunks, self.shape, strict=True)]
-        return math.prod(clipped) * np.dtype(self.dtype).itemsize
+        return math.prod(clipped) * self.dtype.itemsize
 
 
 def _label(layout: ArrayLayout) -> str:
@@ -189,6 +195,8 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     notes: list[str] = []
     by_length: dict[int, list[ArrayLayout]] = {}
+    whole: list[ArrayLayout] = []
+    gzipped: list[ArrayLayout] = []
     for a in arrays:
         if not a.shape:
             notes.append(
@@ -197,10 +205,7 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
             continue
         by_length.setdefault(a.shape[0], []).append(a)
         if a.loads_whole:
-            problems.append(
-                f"{_label(a)}: a .npz member cannot be memory-mapped, so every process reads all "
-                f"{format_bytes(a.nbytes)} of it into memory."
-            )
+            whole.append(a)
         if a.chunks is None:
             continue
         if a.chunk_rows is None:
@@ -229,11 +234,8 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
                     f"{_label(a)}: {a.missing_chunks} chunks are not stored and read as the "
                     "fill value."
                 )
-        if a.compression.startswith("gzip"):
-            notes.append(
-                f"{_label(a)}: gzip decodes several times slower than lzf, LZ4 or Zstd; fine when "
-                "reads are bound by disk rather than CPU."
-            )
+        if "gzip" in a.compression:
+            gzipped.append(a)
     for n_rows, group in sorted(by_length.items()):
         chunked = [a for a in group if a.chunk_rows is not None]
         rows = sorted({a.chunk_rows for a in chunked if a.chunk_rows is not None})
@@ -253,4 +255,18 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
                     f"together), below {format_bytes(TINY_CHUNK_BYTES)}; per-chunk overhead "
                     "dominates batch reads."
                 )
+    if whole:
+        problems.append(
+            f"{_labels(whole)}: .npz members cannot be memory-mapped, so every process reads them "
+            f"whole into memory ({format_bytes(sum(a.nbytes for a in whole))})."
+        )
+    if gzipped:
+        notes.append(
+            f"{_labels(gzipped)}: gzip decodes several times slower than lzf, LZ4 or Zstd; fine "
+            "when reads are bound by the disk rather than the CPU."
+        )
     return problems, notes
+
+
+def _labels(layouts: Sequence[ArrayLayout]) -> str:
+    return ", ".join(_label(a) for a in layouts)
