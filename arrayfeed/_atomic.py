@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -89,9 +90,9 @@ class Workspace:
         """A path inside the workspace."""
         return self.path / name
 
-    def remove(self) -> None:
-        """Delete the workspace and everything in it."""
-        remove_tree(self.path)
+    def remove(self, *, settle: float = 0.05) -> None:
+        """Delete the workspace and everything in it (see :func:`remove_tree` for ``settle``)."""
+        remove_tree(self.path, settle=settle)
 
 
 def remove_tree(path: Path, *, settle: float = 0.05, timeout: float = 10.0) -> None:
@@ -99,7 +100,7 @@ def remove_tree(path: Path, *, settle: float = 0.05, timeout: float = 10.0) -> N
 
     Zarr writes chunks from a background event loop; after an error in one chunk write, the others
     may still land for a moment. So deletion repeats until ``path`` stays absent for ``settle``
-    seconds (or ``timeout`` passes).
+    seconds (or ``timeout`` passes); ``settle=0`` deletes once.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -108,6 +109,8 @@ def remove_tree(path: Path, *, settle: float = 0.05, timeout: float = 10.0) -> N
         else:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+        if settle <= 0:
+            return
         time.sleep(settle)
         if not os.path.lexists(path) or time.monotonic() > deadline:
             return
@@ -199,7 +202,7 @@ def publish(src: Path, dst: Path, *, overwrite: bool) -> None:
 
 
 def fsync_dir(path: Path) -> None:
-    """Flush a directory's entries (e.g. after a rename in it) to stable storage."""
+    """Flush one file, or a directory's entries (e.g. after a rename in it), to stable storage."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -207,19 +210,24 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_tree(path: Path) -> None:
-    """Flush ``path`` (a file, or a directory with everything in it) to stable storage."""
+def fsync_tree(path: Path, *, threads: int = 32) -> None:
+    """Flush ``path`` (a file, or a directory with everything in it) to stable storage.
+
+    The files of a directory are flushed from ``threads`` threads at once: file systems commit
+    concurrent flushes together, which makes a store of many chunk files several times faster to
+    flush than one file after another.
+    """
     paths = [path]
     if path.is_dir():
         for root, dirs, files in os.walk(path):
             paths.extend(Path(root, f) for f in files)
             paths.extend(Path(root, d) for d in dirs)
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    if len(paths) == 1:
+        fsync_dir(path)
+        return
+    with ThreadPoolExecutor(max_workers=min(threads, len(paths))) as pool:
+        for _ in pool.map(fsync_dir, paths):
+            pass
 
 
 class Interrupts:

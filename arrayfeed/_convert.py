@@ -23,7 +23,9 @@ import secrets
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -274,6 +276,7 @@ def convert(
         ) from None
     opened: list[Parts] = []
     total = 0
+    succeeded = False
     try:
         parts: dict[str, Parts] = {}
         for name in names:
@@ -281,7 +284,9 @@ def convert(
             opened.append(parts[name])
         _check_lengths(parts)
         total = sum(p.n_rows * p.row_bytes for p in parts.values())
-        return _Conversion(options, parts, workspace).run()
+        record = _Conversion(options, parts, workspace).run()
+        succeeded = True
+        return record
     except ArrayfeedError:
         raise
     except FileExistsError:
@@ -294,7 +299,7 @@ def convert(
     finally:
         for p in opened:
             p.close()
-        workspace.remove()
+        workspace.remove(settle=0.0 if succeeded else 0.05)
 
 
 def _destination_error(exc: OSError, output: Path, total: int) -> OSError:
@@ -395,6 +400,36 @@ def _le_bytes(rows: np.ndarray) -> memoryview:
     if sys.byteorder == "big" and rows.dtype.itemsize > 1:
         rows = rows.astype(rows.dtype.newbyteorder("<"))
     return np.ascontiguousarray(rows).reshape(-1).view(np.uint8).data
+
+
+class _Checksums:
+    """Running CRC-32 of each array's rows, computed on a helper thread while rows are written.
+
+    ``zlib.crc32`` releases the GIL, so checksums overlap with reading and writing. At most one
+    earlier block waits for its checksum, which bounds the memory held.
+    """
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.values = dict.fromkeys(names, 0)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrayfeed-crc")
+        self._pending: deque[Future[None]] = deque()
+
+    def add(self, name: str, rows: np.ndarray) -> None:
+        """Fold ``rows`` (not to be modified until :meth:`result`) into the checksum of ``name``."""
+        while len(self._pending) >= len(self.values):
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(self._update, name, rows))
+
+    def _update(self, name: str, rows: np.ndarray) -> None:
+        self.values[name] = zlib.crc32(_le_bytes(rows), self.values[name])
+
+    def result(self) -> dict[str, int]:
+        while self._pending:
+            self._pending.popleft().result()
+        return dict(self.values)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _H5Writer:
@@ -540,7 +575,7 @@ class _Conversion:
         else:
             layout_rows = self.chunk_rows or self.n_rows
             writer = _ZarrWriter(target, self.parts, layout_rows, options.compression)
-        checksums = dict.fromkeys(self.parts, 0)
+        checksums = _Checksums(list(self.parts))
         key = derive_key(self.seed) if self.seed is not None else 0
         total = self.n_rows * self.row_bytes
         try:
@@ -551,7 +586,7 @@ class _Conversion:
                         order = permute(np.arange(a, b, dtype=np.int64), self.n_rows, key)
                     for name, p in self.parts.items():
                         rows = p.read_run(a, b) if order is None else p.gather(order)
-                        checksums[name] = zlib.crc32(_le_bytes(rows), checksums[name])
+                        checksums.add(name, rows)
                         _write_block(writer, name, a, rows)
                     bar.update((b - a) * self.row_bytes)
                     interrupts.checkpoint()
@@ -567,10 +602,11 @@ class _Conversion:
                 chunk_rows=self.chunk_rows,
                 compression=options.compression,
                 shuffle_seed=self.seed,
-                checksums=checksums,
+                checksums=checksums.result(),
             )
             writer.finish(record)
         finally:
+            checksums.close()
             writer.close()
         return record
 
@@ -609,13 +645,16 @@ class _Conversion:
                     f"`{name}` reads back as {tuple(array.shape)} {np.dtype(array.dtype)}, "
                     f"not {p.shape} {p.dtype}"
                 )
-        checksums = dict.fromkeys(self.parts, 0)
-        for a, b in self._blocks():
-            for name in self.parts:
-                rows = np.asarray(arrays[name][a:b])
-                checksums[name] = zlib.crc32(_le_bytes(rows), checksums[name])
-            bar.update((b - a) * self.row_bytes)
-            interrupts.checkpoint()
+        running = _Checksums(list(self.parts))
+        try:
+            for a, b in self._blocks():
+                for name in self.parts:
+                    running.add(name, np.asarray(arrays[name][a:b]))
+                bar.update((b - a) * self.row_bytes)
+                interrupts.checkpoint()
+            checksums = running.result()
+        finally:
+            running.close()
         for name, crc in checksums.items():
             if crc != record.checksums[name]:
                 self._fail(
