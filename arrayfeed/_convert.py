@@ -14,6 +14,7 @@ equal to the fill value), so a missing chunk in a store that carries the record 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -24,7 +25,7 @@ import sys
 import time
 import zlib
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,7 @@ from ._layout import (
 )
 from ._permutation import derive_key, permute
 from ._progress import Progress
-from ._sources import open_array
+from ._sources import ArraySource
 
 __all__ = ["MARKER", "TEST_HOOK_ENV", "ConversionRecord", "convert", "written_by_arrayfeed"]
 
@@ -275,7 +276,6 @@ def convert(
             "`output` in a writable directory."
         ) from None
     opened: list[Parts] = []
-    total = 0
     succeeded = False
     try:
         parts: dict[str, Parts] = {}
@@ -283,23 +283,32 @@ def convert(
             parts[name] = open_input(name, inputs[name])
             opened.append(parts[name])
         _check_lengths(parts)
-        total = sum(p.n_rows * p.row_bytes for p in parts.values())
         record = _Conversion(options, parts, workspace).run()
         succeeded = True
         return record
-    except ArrayfeedError:
-        raise
-    except FileExistsError:
-        raise OutputExistsError(
-            f"`output` '{options.output}' appeared while converting; nothing was replaced. Pass "
-            "`overwrite=True` (command line: --overwrite) to replace it."
-        ) from None
-    except OSError as exc:
-        raise _destination_error(exc, options.output, total) from exc
     finally:
         for p in opened:
             p.close()
         workspace.remove(settle=0.0 if succeeded else 0.05)
+
+
+@contextlib.contextmanager
+def _writing(output: Path, total: int) -> Iterator[None]:
+    """Report the ``OSError`` of a write in the workspace as what it means for ``output``."""
+    try:
+        yield
+    except ArrayfeedError:
+        raise
+    except FileExistsError:  # from the final rename: someone else created `output` meanwhile
+        raise OutputExistsError(
+            f"`output` '{output}' appeared while converting; nothing was replaced. Pass "
+            "`overwrite=True` (command line: --overwrite) to replace it."
+        ) from None
+    except OSError as exc:
+        error = _destination_error(exc, output, total)
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def _destination_error(exc: OSError, output: Path, total: int) -> OSError:
@@ -540,41 +549,52 @@ class _Conversion:
                 self._stage(interrupts)
             record = self._write(target, interrupts)
             self._verify(target, record, interrupts)
-            fsync_tree(target)
-            interrupts.shield()
-            publish(target, options.output, overwrite=options.overwrite)
-            fsync_dir(options.output.parent)
+            with self._writing():
+                fsync_tree(target)
+                interrupts.shield()
+                publish(target, options.output, overwrite=options.overwrite)
+                fsync_dir(options.output.parent)
         return record
 
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        return _writing(self.options.output, self.n_rows * self.row_bytes)
+
     def _stage(self, interrupts: Interrupts) -> None:
-        """Copy inputs that are slow to gather from at random into memory-mapped ``.npy`` files."""
+        """Copy inputs that are slow to gather from at random into files in the workspace.
+
+        The copies are written with ordinary writes (a write through a memory map would crash
+        the process with SIGBUS on a full disk) and then memory-mapped read-only.
+        """
         slow = {name: p for name, p in self.parts.items() if not p.gatherable}
         if not slow:
             return
         directory = self.workspace.member("stage")
-        directory.mkdir()
         total = sum(p.n_rows * p.row_bytes for p in slow.values())
         with Progress(total, label="staging", enabled=self.options.progress) as bar:
             for i, (name, p) in enumerate(slow.items()):
-                path = directory / f"{i}.npy"
-                staged = np.lib.format.open_memmap(path, mode="w+", dtype=p.dtype, shape=p.shape)
-                for a, b in self._blocks():
-                    staged[a:b] = p.read_run(a, b)
-                    bar.update((b - a) * p.row_bytes)
-                    interrupts.checkpoint()
-                staged.flush()
-                del staged
-                self.parts[name] = Parts(p.name, [open_array(path)])
+                path = directory / f"{i}.bin"
+                with self._writing():
+                    directory.mkdir(exist_ok=True)
+                    with open(path, "wb") as f:
+                        for a, b in self._blocks():
+                            rows = p.read_run(a, b)
+                            with self._writing():
+                                f.write(rows.data)
+                            bar.update((b - a) * p.row_bytes)
+                            interrupts.checkpoint()
+                staged = np.memmap(path, dtype=p.dtype, mode="r", shape=p.shape)
+                self.parts[name] = Parts(p.name, [ArraySource(staged, name=str(path))])
                 p.close()
 
     def _write(self, target: Path, interrupts: Interrupts) -> ConversionRecord:
         options = self.options
         writer: _Writer
-        if options.format == "hdf5":
-            writer = _H5Writer(target, self.parts, self.chunk_rows, options.compression)
-        else:
-            layout_rows = self.chunk_rows or self.n_rows
-            writer = _ZarrWriter(target, self.parts, layout_rows, options.compression)
+        with self._writing():
+            if options.format == "hdf5":
+                writer = _H5Writer(target, self.parts, self.chunk_rows, options.compression)
+            else:
+                layout_rows = self.chunk_rows or self.n_rows
+                writer = _ZarrWriter(target, self.parts, layout_rows, options.compression)
         checksums = _Checksums(list(self.parts))
         key = derive_key(self.seed) if self.seed is not None else 0
         total = self.n_rows * self.row_bytes
@@ -587,7 +607,8 @@ class _Conversion:
                     for name, p in self.parts.items():
                         rows = p.read_run(a, b) if order is None else p.gather(order)
                         checksums.add(name, rows)
-                        _write_block(writer, name, a, rows)
+                        with self._writing():
+                            _write_block(writer, name, a, rows)
                     bar.update((b - a) * self.row_bytes)
                     interrupts.checkpoint()
                     if self.pause is not None:
@@ -604,10 +625,15 @@ class _Conversion:
                 shuffle_seed=self.seed,
                 checksums=checksums.result(),
             )
-            writer.finish(record)
+            with self._writing():
+                writer.finish(record)
+                writer.close()  # flushes
+        except BaseException:
+            with contextlib.suppress(Exception):
+                writer.close()
+            raise
         finally:
             checksums.close()
-            writer.close()
         return record
 
     def _verify(self, target: Path, record: ConversionRecord, interrupts: Interrupts) -> None:

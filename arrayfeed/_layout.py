@@ -7,10 +7,17 @@ in blocks of the *same* number of rows ``R`` for all arrays: a chunk never split
 ``[k*R, (k+1)*R)`` are one chunk in every array, so a run of rows decodes one chunk per array.
 Without an explicit ``chunk_rows``, ``R`` is the largest power of two whose chunks, summed over
 the arrays, hold at most :data:`CHUNK_TARGET_BYTES` (1 MiB); at least one row, at most all rows.
-Powers of two keep chunks aligned with the usual batch sizes. ``benchmarks/bench_convert.py``
-measures random batch reads for several targets to justify the default. Uncompressed HDF5 output
-without an explicit ``chunk_rows`` is contiguous instead: HDF5 needs chunks only to compress, and
-h5py reads random rows of a contiguous dataset about ten times faster than of a chunked one.
+Powers of two keep chunks aligned with the usual batch sizes.
+
+Why 1 MiB (``benchmarks/bench_convert.py``, 3 KiB rows, LZF / Blosc-LZ4, 2 cores): reading
+256-row windows at random offsets, 256 KiB to 1 MiB chunks are a plateau (HDF5 ~0.75-0.9 M
+rows/s, Zarr ~90-100 k rows/s); 64 KiB chunks cost Zarr 5x, 4 MiB chunks cost 2-3x and 16 MiB
+chunks 6-9x. Random rows gathered from a chunked store are 10-100x slower than windows whatever
+the chunk size (each row decodes its chunk; smaller chunks help single-row reads only), so the
+layout serves reading runs of rows; 1 MiB also keeps Zarr's file count low and fits HDF5's
+default 1 MiB chunk cache. Uncompressed HDF5 without an explicit ``chunk_rows`` is written
+contiguous instead: HDF5 needs chunks only to compress, and h5py gathers random rows of a
+contiguous dataset over ten times faster than of a chunked one (~40 k vs ~3 k rows/s).
 
 **Verdict.** Contiguous arrays (``.npy``, contiguous HDF5) suit shuffled reads. Chunked arrays
 suit them when chunks hold whole rows, when a chunk of rows (summed over the arrays of the same
@@ -51,8 +58,8 @@ CHUNK_TARGET_BYTES = 1 << 20
 BLOCK_TARGET_BYTES = 64 << 20
 #: Below this, per-chunk overhead dominates a batch read.
 TINY_CHUNK_BYTES = 64 << 10
-#: Above this, a batch read decodes far more than it uses.
-HUGE_CHUNK_BYTES = 16 << 20
+#: Above this, a batch read decodes far more than it uses (4 MiB chunks already cost 2-3x).
+HUGE_CHUNK_BYTES = 8 << 20
 #: Compressions ``convert`` writes (see ``arrayfeed.convert`` for the Zarr codecs they map to).
 COMPRESSIONS = ("none", "lzf", "gzip")
 

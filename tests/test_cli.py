@@ -320,3 +320,11 @@ def test_killing_a_conversion_leaves_nothing_at_the_output(data: Path, output: s
     af.convert({"x": data / "big.npy"}, data / output, progress=False)
     assert not workspace.exists() and read(data / output, "x").shape == (1000, 64)
     assert not [n for n in listing(data) if n.startswith(".")]
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from arrayfeed import _cli
+
+    assert doctest.testmod(_cli, optionflags=doctest.ELLIPSIS).failed == 0

@@ -195,9 +195,9 @@ def test_shuffle_keeps_rows_aligned_and_is_a_permutation(
     x, y = xy
     forms = write_forms(tmp_path, x)
     out = tmp_path / output
-    # an h5 input (staged for random access), a concatenation and in-memory labels
+    # h5 and npz inputs (staged for random access), a concatenation and in-memory labels
     record = af.convert(
-        {"a": forms["h5"](), "b": forms["glob"](), "y": y},
+        {"a": forms["h5"](), "b": forms["glob"](), "c": forms["npz"](), "y": y},
         out,
         shuffle=True,
         seed=7,
@@ -206,7 +206,8 @@ def test_shuffle_keeps_rows_aligned_and_is_a_permutation(
     order = read(out, "y")
     assert sorted(order.tolist()) == list(range(N))
     assert not np.array_equal(order, y)
-    assert np.array_equal(read(out, "a"), x[order]) and np.array_equal(read(out, "b"), x[order])
+    for name in "abc":
+        assert np.array_equal(read(out, name), x[order])
     assert record.shuffle_seed == 7
     again = tmp_path / ("again" + out.suffix)
     af.convert({"y": y}, again, shuffle=True, seed=7, progress=False)
@@ -401,6 +402,39 @@ def test_failure_keeps_the_previous_output(
     with pytest.raises(af.DestinationError):
         af.convert({"x": np.arange(10)}, out, overwrite=True, progress=False)
     assert read(out, "x").tolist() == list(range(5)) and listing(tmp_path) == [output]
+
+
+def test_input_errors_are_not_blamed_on_the_destination(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from arrayfeed import _inputs
+
+    def unreadable(*args: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", "x.npy")
+
+    monkeypatch.setattr(_inputs, "read_run", unreadable)
+    with pytest.raises(PermissionError) as info:
+        af.convert({"x": np.arange(10)}, tmp_path / "o.h5", progress=False)
+    assert not isinstance(info.value, af.DestinationError)
+    assert listing(tmp_path) == []
+
+
+def test_full_disk_while_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An HDF5 input is staged (copied beside the output) before a shuffled write.
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["x"] = np.arange(100)
+    real_open = open
+
+    def full_disk_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(path, mode, *args, **kwargs)
+        if str(path).endswith(".bin") and "w" in mode:
+            handle.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space"))
+        return handle
+
+    monkeypatch.setattr(_convert, "open", full_disk_open, raising=False)
+    with pytest.raises(af.DestinationError, match="no space left"):
+        af.convert({"x": f"{tmp_path}/in.h5:x"}, tmp_path / "o.zarr", shuffle=True, progress=False)
+    assert listing(tmp_path) == ["in.h5"]
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), RuntimeError("boom")])
@@ -600,3 +634,11 @@ def test_record_round_trips_through_json() -> None:
     assert ConversionRecord.from_json(json.dumps(record.to_json())) == record
     with pytest.raises(af.CorruptDataError):
         ConversionRecord.from_json({**record.to_json(), "format": 99})
+
+
+def test_doctests() -> None:
+    import doctest
+
+    module = _convert
+
+    assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0

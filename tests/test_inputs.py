@@ -149,3 +149,11 @@ def test_open_input_names_the_input(tmp_path: Path) -> None:
         open_input("y", [0, 1, 2])
     with pytest.raises(ShapeError, match=r"`inputs\['y'\]\[1\]` .*is 0-d"):
         open_input("y", [np.arange(3), np.int64(5)])
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from arrayfeed import _inputs
+
+    assert doctest.testmod(_inputs, optionflags=doctest.ELLIPSIS).failed == 0

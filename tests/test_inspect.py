@@ -139,3 +139,11 @@ def test_not_inspectable(tmp_path: Path) -> None:
         af.inspect(tmp_path / "notes.txt")
     with pytest.raises(af.SourceNotFoundError, match="not a Zarr store"):
         af.inspect(tmp_path / "dir")
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from arrayfeed import _inspect
+
+    assert doctest.testmod(_inspect, optionflags=doctest.ELLIPSIS).failed == 0

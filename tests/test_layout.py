@@ -125,3 +125,11 @@ def test_notes_and_missing_chunks() -> None:
     assert "memory-mapped" in assess([npz])[0][0]
     scalar = layout("s", (), None)
     assert assess([scalar])[0] == [] and "0-d" in assess([scalar])[1][0]
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from arrayfeed import _layout
+
+    assert doctest.testmod(_layout, optionflags=doctest.ELLIPSIS).failed == 0

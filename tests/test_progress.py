@@ -36,3 +36,11 @@ def test_forced_on_and_throttled() -> None:
         for _ in range(100):
             bar.update(1)
     assert stream.getvalue().count("\r") == 2  # the first update, then the final state
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from arrayfeed import _progress
+
+    assert doctest.testmod(_progress, optionflags=doctest.ELLIPSIS).failed == 0
