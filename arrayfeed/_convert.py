@@ -221,7 +221,7 @@ def convert(
             (Zarr v3 group, one array per name).
         chunk_rows: Rows per chunk, the same for every array (a chunk never splits a row). None
             chooses the largest power of two whose chunks, summed over the arrays, hold at most
-            1 MiB; uncompressed HDF5 is then written contiguous (unchunked) instead.
+            256 KiB; uncompressed HDF5 is then written contiguous (unchunked) instead.
         compression: ``None``/``"none"``, ``"lzf"`` (fast) or ``"gzip"`` (small, slower to
             read). HDF5: no filter, the LZF filter, gzip level 4, with the byte-shuffle filter for
             multi-byte dtypes. Zarr: no compressor, Blosc-LZ4 (level 5, byte or bit shuffle)

@@ -6,18 +6,18 @@ Pure Python and NumPy, no I/O.
 in blocks of the *same* number of rows ``R`` for all arrays: a chunk never splits a row, and rows
 ``[k*R, (k+1)*R)`` are one chunk in every array, so a run of rows decodes one chunk per array.
 Without an explicit ``chunk_rows``, ``R`` is the largest power of two whose chunks, summed over
-the arrays, hold at most :data:`CHUNK_TARGET_BYTES` (1 MiB); at least one row, at most all rows.
-Powers of two keep chunks aligned with the usual batch sizes.
+the arrays, hold at most :data:`CHUNK_TARGET_BYTES` (256 KiB, so chunks of rows hold 128-256 KiB);
+at least one row, at most all rows. Powers of two keep chunks aligned with the usual batch sizes.
 
-Why 1 MiB (``benchmarks/bench_convert.py``, 3 KiB rows, LZF / Blosc-LZ4, 2 cores): reading
-256-row windows at random offsets, 256 KiB to 1 MiB chunks are a plateau (HDF5 ~0.75-0.9 M
-rows/s, Zarr ~90-100 k rows/s); 64 KiB chunks cost Zarr 5x, 4 MiB chunks cost 2-3x and 16 MiB
-chunks 6-9x. Random rows gathered from a chunked store are 10-100x slower than windows whatever
-the chunk size (each row decodes its chunk; smaller chunks help single-row reads only), so the
-layout serves reading runs of rows; 1 MiB also keeps Zarr's file count low and fits HDF5's
-default 1 MiB chunk cache. Uncompressed HDF5 without an explicit ``chunk_rows`` is written
-contiguous instead: HDF5 needs chunks only to compress, and h5py gathers random rows of a
-contiguous dataset over ten times faster than of a chunked one (~40 k vs ~3 k rows/s).
+Why 256 KiB (``benchmarks/bench_convert.py``: 3 KiB rows, LZF / Blosc-LZ4, 2 busy cores, three
+runs): reading 256-row windows at random offsets, the 256 KiB target did as well as or better than
+1 MiB in every run (HDF5 0.74-1.3 M vs 0.56-0.88 M rows/s, Zarr 75-108 k vs 70-116 k), 64 KiB
+cost Zarr 2-5x, and 4 and 16 MiB cost 2-9x. Single random rows decode a whole chunk each, so they
+favour small chunks (256 KiB: 3-4x faster than 1 MiB for HDF5). Random rows gathered from any
+chunked store stay 10-100x slower than windows, so the layout serves reading runs of rows.
+Uncompressed HDF5 without an explicit ``chunk_rows`` is written contiguous instead: HDF5 needs
+chunks only to compress, and h5py gathers random rows of a contiguous dataset over ten times
+faster than of a chunked one (40-60 k vs 2-4 k rows/s).
 
 **Verdict.** Contiguous arrays (``.npy``, contiguous HDF5) suit shuffled reads. Chunked arrays
 suit them when chunks hold whole rows, when a chunk of rows (summed over the arrays of the same
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 #: Default bytes in one chunk of rows, summed over the arrays of a store.
-CHUNK_TARGET_BYTES = 1 << 20
+CHUNK_TARGET_BYTES = 256 << 10
 #: Bytes of rows (summed over arrays) that ``convert`` reads and writes at a time: whole chunks,
 #: at least one chunk. This bounds the memory a conversion holds.
 BLOCK_TARGET_BYTES = 64 << 20
@@ -76,11 +76,11 @@ def choose_chunk_rows(
 
     At least 1 (a chunk never splits a row) and at most ``n_rows`` (one chunk holds everything).
 
-    >>> choose_chunk_rows(3 * 1024, 100_000)   # 3 KiB rows: 256 rows = 768 KiB
-    256
+    >>> choose_chunk_rows(3 * 1024, 100_000)   # 3 KiB rows: 64 rows = 192 KiB
+    64
     >>> choose_chunk_rows(8, 1000)             # tiny arrays are one chunk
     1000
-    >>> choose_chunk_rows(50 << 20, 10)        # rows larger than the target: one row per chunk
+    >>> choose_chunk_rows(1 << 20, 10)         # rows larger than the target: one row per chunk
     1
     """
     if row_bytes < 1 or n_rows < 1:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import arrayfeed as af
 from arrayfeed._atomic import fsync_tree
-from arrayfeed._layout import block_rows, choose_chunk_rows
+from arrayfeed._layout import CHUNK_TARGET_BYTES, block_rows, choose_chunk_rows
 
 MB = 1e6
 BATCH = 256
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"2. Chunk-size policy: random reads of 3 KiB rows ({BATCH}-row windows, {BATCH}-row "
             f"random batches, single rows), lzf / Blosc-LZ4, rows/s, median of {args.runs}; "
-            "default target 1024 KiB"
+            f"default target {CHUNK_TARGET_BYTES >> 10} KiB"
         )
         header = ["chunk target", "chunk rows"]
         header += [f"{fmt} {pattern}" for fmt in ("HDF5", "Zarr") for pattern in PATTERNS]

@@ -20,8 +20,8 @@ from arrayfeed._layout import (
 @pytest.mark.parametrize(
     ("row_bytes", "n_rows", "expected"),
     [
-        (4, 10**9, 1 << 18),  # 1 MiB of float32 scalars
-        (3 * 1024, 10**6, 256),  # 768 KiB: the power of two below 341
+        (4, 10**9, 1 << 16),  # 256 KiB of float32 scalars
+        (3 * 1024, 10**6, 64),  # 192 KiB: the power of two below 85
         (CHUNK_TARGET_BYTES, 100, 1),
         (CHUNK_TARGET_BYTES + 1, 100, 1),  # a chunk never splits a row
         (50 << 20, 10, 1),
@@ -90,13 +90,13 @@ def test_contiguous_and_well_chunked_are_fine() -> None:
 
 
 def test_tiny_chunks_are_judged_over_the_arrays_together() -> None:
-    # 256 rows of 3 KiB images + their 8-byte labels: the labels' chunks alone are tiny, but a
-    # chunk of rows across both arrays holds 770 KiB, which is what a batch read decodes.
-    images = layout("images", (10**5, 32, 32, 3), (256, 32, 32, 3), dtype="uint8")
-    labels = layout("labels", (10**5,), (256,), dtype="int64")
+    # 64 rows of 3 KiB images + their 8-byte labels: the labels' chunks alone are tiny, but a
+    # chunk of rows across both arrays holds 192.5 KiB, which is what a batch read decodes.
+    images = layout("images", (10**5, 32, 32, 3), (64, 32, 32, 3), dtype="uint8")
+    labels = layout("labels", (10**5,), (64,), dtype="int64")
     assert assess([images, labels])[0] == []
     problems, _ = assess([labels])
-    assert len(problems) == 1 and "`labels`: chunks of 256 rows hold 2.0 KiB" in problems[0]
+    assert len(problems) == 1 and "`labels`: chunks of 64 rows hold 512 B" in problems[0]
 
 
 def test_split_rows_huge_chunks_and_mismatched_rows_are_problems() -> None:
