@@ -40,7 +40,8 @@ in quotes, so that the shell leaves it alone: x='parts/*.npy' or x='shards/*.h5:
 Matches are sorted lexicographically (zero-pad numbers: part-0010.npy).
 
 Without --chunk-rows, chunks hold the largest power of two of rows whose bytes, summed
-over the arrays, stay within 256 KiB; uncompressed HDF5 is written contiguous.
+over the arrays, stay within 256 KiB (HDF5) or 1 MiB (Zarr); uncompressed HDF5 is
+written contiguous.
 --compression lzf means LZF for HDF5 and Blosc-LZ4 for Zarr; gzip is level 4.
 
 The output appears only once it is complete and verified; an error, Ctrl-C or a full

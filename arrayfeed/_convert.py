@@ -56,6 +56,7 @@ from ._errors import (
 )
 from ._inputs import InputLike, Parts, open_input
 from ._layout import (
+    CHUNK_TARGET_BYTES,
     block_rows,
     choose_chunk_rows,
     format_bytes,
@@ -221,7 +222,8 @@ def convert(
             (Zarr v3 group, one array per name).
         chunk_rows: Rows per chunk, the same for every array (a chunk never splits a row). None
             chooses the largest power of two whose chunks, summed over the arrays, hold at most
-            256 KiB; uncompressed HDF5 is then written contiguous (unchunked) instead.
+            256 KiB (HDF5) or 1 MiB (Zarr); uncompressed HDF5 is then written contiguous
+            (unchunked) instead.
         compression: ``None``/``"none"``, ``"lzf"`` (fast) or ``"gzip"`` (small, slower to
             read). HDF5: no filter, the LZF filter, gzip level 4, with the byte-shuffle filter for
             multi-byte dtypes. Zarr: no compressor, Blosc-LZ4 (level 5, byte or bit shuffle)
@@ -522,7 +524,10 @@ class _Conversion:
         self.workspace = workspace
         self.n_rows = next(iter(parts.values())).n_rows
         self.row_bytes = sum(p.row_bytes for p in parts.values())
-        layout_rows = options.chunk_rows or choose_chunk_rows(self.row_bytes, self.n_rows)
+        target = CHUNK_TARGET_BYTES[options.format]
+        layout_rows = options.chunk_rows or choose_chunk_rows(
+            self.row_bytes, self.n_rows, target_bytes=target
+        )
         layout_rows = min(layout_rows, self.n_rows)
         contiguous = (
             options.format == "hdf5" and options.compression == "none" and not options.chunk_rows

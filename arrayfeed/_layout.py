@@ -6,18 +6,20 @@ Pure Python and NumPy, no I/O.
 in blocks of the *same* number of rows ``R`` for all arrays: a chunk never splits a row, and rows
 ``[k*R, (k+1)*R)`` are one chunk in every array, so a run of rows decodes one chunk per array.
 Without an explicit ``chunk_rows``, ``R`` is the largest power of two whose chunks, summed over
-the arrays, hold at most :data:`CHUNK_TARGET_BYTES` (256 KiB, so chunks of rows hold 128-256 KiB);
-at least one row, at most all rows. Powers of two keep chunks aligned with the usual batch sizes.
+the arrays, hold at most :data:`CHUNK_TARGET_BYTES` of the format: 256 KiB for HDF5, 1 MiB for
+Zarr (so a chunk of rows holds between half the target and the target); at least one row, at
+most all rows. Powers of two keep chunks aligned with the usual batch sizes.
 
-Why 256 KiB (``benchmarks/bench_convert.py``: 3 KiB rows, LZF / Blosc-LZ4, 2 busy cores, three
-runs): reading 256-row windows at random offsets, the 256 KiB target did as well as or better than
-1 MiB in every run (HDF5 0.74-1.3 M vs 0.56-0.88 M rows/s, Zarr 75-108 k vs 70-116 k), 64 KiB
-cost Zarr 2-5x, and 4 and 16 MiB cost 2-9x. Single random rows decode a whole chunk each, so they
-favour small chunks (256 KiB: 3-4x faster than 1 MiB for HDF5). Random rows gathered from any
-chunked store stay 10-100x slower than windows, so the layout serves reading runs of rows.
-Uncompressed HDF5 without an explicit ``chunk_rows`` is written contiguous instead: HDF5 needs
-chunks only to compress, and h5py gathers random rows of a contiguous dataset over ten times
-faster than of a chunked one (40-60 k vs 2-4 k rows/s).
+Why (``benchmarks/bench_convert.py``: 3 KiB rows, LZF / Blosc-LZ4, 256-row reads, 2 busy cores,
+four runs). Reading 256-row windows at random offsets: for HDF5 the 256 KiB target beat 1 MiB in
+every run (0.74-1.3 M vs 0.56-0.88 M rows/s) and single random rows were 3x faster; for Zarr,
+256 KiB and 1 MiB tie on windows (70-116 k rows/s), while 64 KiB costs 2-5x, and Zarr stores
+one file per chunk, so 1 MiB chunks write 1.5-2x faster and make 4x fewer files. Chunks of 4 MiB
+and 16 MiB cost 2-9x on windows in both formats. Random rows gathered from any chunked store
+stay 10-100x slower than windows whatever the chunk size, so the layout serves reading runs of
+rows. Uncompressed HDF5 without an explicit ``chunk_rows`` is written contiguous instead: HDF5
+needs chunks only to compress, and h5py gathers random rows of a contiguous dataset over ten
+times faster than of a chunked one (40-60 k vs 2-4 k rows/s).
 
 **Verdict.** Contiguous arrays (``.npy``, contiguous HDF5) suit shuffled reads. Chunked arrays
 suit them when chunks hold whole rows, when a chunk of rows (summed over the arrays of the same
@@ -28,8 +30,9 @@ when the arrays of one length share the same chunk rows.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -51,8 +54,8 @@ __all__ = [
     "row_nbytes",
 ]
 
-#: Default bytes in one chunk of rows, summed over the arrays of a store.
-CHUNK_TARGET_BYTES = 256 << 10
+#: Default most bytes in one chunk of rows, summed over the arrays of a store, per format.
+CHUNK_TARGET_BYTES: Mapping[str, int] = MappingProxyType({"hdf5": 256 << 10, "zarr": 1 << 20})
 #: Bytes of rows (summed over arrays) that ``convert`` reads and writes at a time: whole chunks,
 #: at least one chunk. This bounds the memory a conversion holds.
 BLOCK_TARGET_BYTES = 64 << 20
@@ -69,18 +72,16 @@ def row_nbytes(shape: Sequence[int], dtype: np.dtype[Any] | str) -> int:
     return math.prod(int(n) for n in shape[1:]) * np.dtype(dtype).itemsize
 
 
-def choose_chunk_rows(
-    row_bytes: int, n_rows: int, *, target_bytes: int = CHUNK_TARGET_BYTES
-) -> int:
+def choose_chunk_rows(row_bytes: int, n_rows: int, *, target_bytes: int) -> int:
     """Rows per chunk: the largest power of two with ``rows * row_bytes <= target_bytes``.
 
     At least 1 (a chunk never splits a row) and at most ``n_rows`` (one chunk holds everything).
 
-    >>> choose_chunk_rows(3 * 1024, 100_000)   # 3 KiB rows: 64 rows = 192 KiB
+    >>> choose_chunk_rows(3 * 1024, 100_000, target_bytes=256 << 10)  # 64 rows = 192 KiB
     64
-    >>> choose_chunk_rows(8, 1000)             # tiny arrays are one chunk
+    >>> choose_chunk_rows(8, 1000, target_bytes=256 << 10)  # tiny arrays are one chunk
     1000
-    >>> choose_chunk_rows(1 << 20, 10)         # rows larger than the target: one row per chunk
+    >>> choose_chunk_rows(1 << 20, 10, target_bytes=256 << 10)  # a chunk never splits a row
     1
     """
     if row_bytes < 1 or n_rows < 1:
@@ -228,7 +229,7 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
             problems.append(
                 f"{_label(a)}: chunks of {format_bytes(chunk_bytes)} are huge; a batch read "
                 f"decodes whole chunks and uses a sliver of each (aim for about "
-                f"{format_bytes(CHUNK_TARGET_BYTES)})."
+                "256 KiB to 1 MiB)."
             )
         if a.missing_chunks:
             if a.strict:

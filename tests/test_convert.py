@@ -159,20 +159,20 @@ def test_layout_hdf5(tmp_path: Path) -> None:
 
 
 def test_layout_zarr(tmp_path: Path) -> None:
-    # 3 KiB images with 8-byte labels: one chunk of rows is 64 rows in both arrays.
+    # 3 KiB images with 8-byte labels: one chunk of rows is 256 rows (770 KiB) in both arrays.
     images = np.zeros((1000, 32, 32, 3), np.uint8)
     labels = np.zeros(1000, np.int64)  # all fill value: written anyway
     out = tmp_path / "out.zarr"
     record = af.convert(
         {"images": images, "labels": labels}, out, compression="lzf", progress=False
     )
-    assert record.chunk_rows == 64
+    assert record.chunk_rows == 256
     group = zarr.open_group(str(out), mode="r")
-    assert group["images"].chunks == (64, 32, 32, 3) and group["labels"].chunks == (64,)
+    assert group["images"].chunks == (256, 32, 32, 3) and group["labels"].chunks == (256,)
     for name in ("images", "labels"):
         array = group[name]
-        assert array.nchunks == 16 and array.nchunks_initialized == 16  # complete
-        assert len(list((out / name / "c").iterdir())) == 16
+        assert array.nchunks == 4 and array.nchunks_initialized == 4  # complete
+        assert len(list((out / name / "c").iterdir())) == 4
     codec = group["images"].compressors[0]
     assert type(codec).__name__ == "BloscCodec" and str(codec.cname.value) == "lz4"
     assert group.attrs[MARKER]["complete"] is True

@@ -29,8 +29,8 @@ def test_converted_stores_are_suited(tmp_path: Path) -> None:
         assert "Layout: suited to shuffled batch reads." in text
         assert "written by arrayfeed" in text and "Fix" not in text
     text = str(af.inspect(tmp_path / "s.zarr"))
-    assert "chunks of 64 rows, no compression, shuffled with seed 3" in text
-    assert "(64, 32, 32, 3)" in text
+    assert "chunks of 256 rows, no compression, shuffled with seed 3" in text
+    assert "(256, 32, 32, 3)" in text
     plain = af.inspect(tmp_path / "plain.h5")
     assert plain.format == "HDF5" and plain.arrays[0].chunks is None
     assert "contiguous" in str(plain)

@@ -16,29 +16,35 @@ from arrayfeed._layout import (
     row_nbytes,
 )
 
+TARGET = CHUNK_TARGET_BYTES["hdf5"]
+
+
+def test_targets() -> None:
+    assert CHUNK_TARGET_BYTES == {"hdf5": 256 << 10, "zarr": 1 << 20}
+
 
 @pytest.mark.parametrize(
     ("row_bytes", "n_rows", "expected"),
     [
         (4, 10**9, 1 << 16),  # 256 KiB of float32 scalars
         (3 * 1024, 10**6, 64),  # 192 KiB: the power of two below 85
-        (CHUNK_TARGET_BYTES, 100, 1),
-        (CHUNK_TARGET_BYTES + 1, 100, 1),  # a chunk never splits a row
+        (TARGET, 100, 1),
+        (TARGET + 1, 100, 1),  # a chunk never splits a row
         (50 << 20, 10, 1),
         (8, 1000, 1000),  # everything fits in one chunk
         (1, 1, 1),
     ],
 )
 def test_choose_chunk_rows(row_bytes: int, n_rows: int, expected: int) -> None:
-    rows = choose_chunk_rows(row_bytes, n_rows)
+    rows = choose_chunk_rows(row_bytes, n_rows, target_bytes=TARGET)
     assert rows == expected
     assert rows == n_rows or rows & (rows - 1) == 0  # a power of two unless it is all rows
-    assert rows == 1 or rows * row_bytes <= CHUNK_TARGET_BYTES
+    assert rows == 1 or rows * row_bytes <= TARGET
 
 
 def test_choose_chunk_rows_rejects_nonpositive() -> None:
     with pytest.raises(ValueError):
-        choose_chunk_rows(0, 10)
+        choose_chunk_rows(0, 10, target_bytes=TARGET)
 
 
 @pytest.mark.parametrize(
