@@ -9,17 +9,21 @@
 from typing import TYPE_CHECKING, Any
 
 from ._bench import BenchReport, bench
+from ._convert import ConversionRecord, convert, written_by_arrayfeed
 from ._errors import (
     ArrayfeedError,
     ConfigError,
     CorruptDataError,
+    DestinationError,
     DtypeError,
     MapBatchError,
+    OutputExistsError,
     ShapeError,
     SourceNotFoundError,
     SourceUnavailableError,
     StructureError,
 )
+from ._inspect import InspectReport, inspect
 from ._shard import Shard
 from ._sources import Chunked, GatherInto, Source, open_array
 
@@ -54,21 +58,28 @@ __all__ = [
     "BenchReport",
     "Chunked",
     "ConfigError",
+    "ConversionRecord",
     "CorruptDataError",
+    "DestinationError",
     "DtypeError",
     "GatherInto",
+    "InspectReport",
     "MapBatchError",
+    "OutputExistsError",
     "ResumeCallback",
-    "Shard",
     "ShapeError",
+    "Shard",
     "Source",
     "SourceNotFoundError",
     "SourceUnavailableError",
     "StructureError",
     "__version__",
     "bench",
+    "convert",
     "distribute",
     "distributed_steps",
     "from_arrays",
+    "inspect",
     "open_array",
+    "written_by_arrayfeed",
 ]

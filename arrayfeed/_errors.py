@@ -11,8 +11,10 @@ __all__ = [
     "ArrayfeedError",
     "ConfigError",
     "CorruptDataError",
+    "DestinationError",
     "DtypeError",
     "MapBatchError",
+    "OutputExistsError",
     "ShapeError",
     "SourceNotFoundError",
     "SourceUnavailableError",
@@ -54,3 +56,11 @@ class CorruptDataError(ArrayfeedError, OSError):
 
 class MapBatchError(ArrayfeedError, ValueError):
     """`map_batch` raised, or returned something inconsistent with its earlier results."""
+
+
+class DestinationError(ArrayfeedError, OSError):
+    """The output of a conversion cannot be written (read-only directory, full disk …)."""
+
+
+class OutputExistsError(DestinationError, FileExistsError):
+    """The output of a conversion already exists and overwriting was not asked for."""

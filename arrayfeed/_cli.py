@@ -1,0 +1,225 @@
+"""The ``arrayfeed`` command line (also ``python -m arrayfeed``): a thin layer over the public API.
+
+Each subcommand is a function in :data:`COMMANDS` that adds its parser to the sub-parsers and sets
+``run`` (``args -> exit code``) as its default; adding a subcommand is one function and one entry.
+Errors are one line on stderr, ``arrayfeed: error: <what and how to fix>``, with a non-zero exit and
+no traceback (set ``ARRAYFEED_TRACEBACK=1`` to see one for an unexpected error). SIGTERM is handled
+like Ctrl-C, so an interrupted conversion cleans up after itself. TensorFlow is never imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from ._convert import convert
+from ._errors import ArrayfeedError, ConfigError
+from ._inspect import inspect
+from ._layout import COMPRESSIONS, format_bytes
+
+__all__ = ["COMMANDS", "build_parser", "main", "parse_assignments"]
+
+SubParsers = Any  # argparse's _SubParsersAction, which is private
+
+_CONVERT_EPILOG = """\
+PATH is one of
+  file.npy                a .npy file (memory-mapped)
+  file.npz:KEY            an array of a .npz file (streamed, never loaded whole)
+  file.h5:KEY             an HDF5 dataset (KEY may be a path such as group/x)
+  store.zarr[:KEY]        a Zarr array, or the array KEY of a Zarr group
+KEY may be left out when the file or store holds exactly one array.
+
+To concatenate along the first axis, repeat NAME (x=a.npy x=b.npy) or give a glob
+in quotes, so that the shell leaves it alone: x='parts/*.npy' or x='shards/*.h5:images'.
+Matches are sorted lexicographically (zero-pad numbers: part-0010.npy).
+
+Without --chunk-rows, chunks hold the largest power of two of rows whose bytes, summed
+over the arrays, stay within 256 KiB (HDF5) or 1 MiB (Zarr); uncompressed HDF5 is
+written contiguous.
+--compression lzf means LZF for HDF5 and Blosc-LZ4 for Zarr; gzip is level 4.
+
+The output appears only once it is complete and verified; an error, Ctrl-C or a full
+disk leaves nothing at OUTPUT.
+
+examples:
+  arrayfeed convert x=train_x.npy y=train_y.npy -o train.h5
+  arrayfeed convert images=raw.h5:images labels=raw.h5:labels -o train.zarr --compression lzf
+  arrayfeed convert x='parts/*.npy' y=labels.npz:y -o train.h5 --shuffle --seed 0
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"arrayfeed: error: {message} (see '{self.prog} --help').\n")
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, str | list[str]]:
+    """``["x=a.npy", "y=b.h5:y", "x=c.npy"]`` → ``{"x": ["a.npy", "c.npy"], "y": "b.h5:y"}``.
+
+    >>> parse_assignments(["x=a.npy", "y=b.h5:y", "x=c.npy"])
+    {'x': ['a.npy', 'c.npy'], 'y': 'b.h5:y'}
+    """
+    inputs: dict[str, str | list[str]] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(
+                f"'{item}' is not NAME=PATH; write e.g. x=train.npy or images=raw.h5:images "
+                "(NAME is the array's name in OUTPUT)."
+            )
+        previous = inputs.get(name)
+        if previous is None:
+            inputs[name] = path
+        elif isinstance(previous, list):
+            previous.append(path)
+        else:
+            inputs[name] = [previous, path]
+    return inputs
+
+
+def _add_convert(subparsers: SubParsers) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="copy arrays into an HDF5 file or Zarr store laid out for shuffled batch reads",
+        description="Copy arrays into one HDF5 file (.h5, .hdf5) or Zarr v3 group (.zarr) laid "
+        "out for fast shuffled batch reads: streaming, verified, atomic.",
+        epilog=_CONVERT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "inputs", nargs="+", metavar="NAME=PATH", help="an array to write as NAME (see below)"
+    )
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="OUTPUT", help="file.h5, file.hdf5 or store.zarr"
+    )
+    parser.add_argument(
+        "--chunk-rows", type=int, metavar="N", help="rows per chunk (default: from the row size)"
+    )
+    parser.add_argument("--compression", choices=COMPRESSIONS, default="none", help="default: none")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+    parser.add_argument(
+        "--shuffle", action="store_true", help="store rows in one random order shared by all names"
+    )
+    parser.add_argument("--seed", type=int, metavar="S", help="seed of --shuffle")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary")
+    parser.set_defaults(run=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    inputs = parse_assignments(args.inputs)
+    start = time.monotonic()
+    record = convert(
+        inputs,
+        args.output,
+        chunk_rows=args.chunk_rows,
+        compression=args.compression,
+        overwrite=args.overwrite,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        progress=False if args.quiet else None,
+    )
+    if not args.quiet:
+        seconds = time.monotonic() - start
+        layout = (
+            "contiguous" if record.chunk_rows is None else f"chunks of {record.chunk_rows} rows"
+        )
+        shuffled = "" if record.shuffle_seed is None else f", shuffled (seed {record.shuffle_seed})"
+        size = _size(args.output)
+        print(
+            f"arrayfeed: wrote {args.output}: {', '.join(record.checksums)} ({record.rows} rows), "
+            f"{layout}, compression {record.compression}{shuffled}, {size} in {seconds:.1f} s"
+        )
+    return 0
+
+
+def _size(path: str) -> str:
+    if os.path.isdir(path):
+        total = sum(
+            os.path.getsize(os.path.join(root, f))
+            for root, _, files in os.walk(path)
+            for f in files
+        )
+    else:
+        total = os.path.getsize(path)
+    return format_bytes(total)
+
+
+def _add_inspect(subparsers: SubParsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="show how arrays are stored and whether that suits shuffled batch reads",
+        description="List the arrays of an HDF5 file, Zarr store, .npy or .npz file (shape, "
+        "dtype, chunks, compression, size), say whether the layout suits shuffled batch reads, "
+        "and print the `arrayfeed convert` command that would fix it. Reads metadata only.",
+    )
+    parser.add_argument("path", metavar="PATH")
+    parser.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    print(inspect(args.path))
+    return 0
+
+
+#: Subcommands, in the order ``--help`` lists them.
+COMMANDS: list[Callable[[SubParsers], None]] = [_add_convert, _add_inspect]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``arrayfeed`` argument parser with every subcommand of :data:`COMMANDS`."""
+    from . import __version__
+
+    parser = _Parser(
+        prog="arrayfeed",
+        description="Tools for the arrays arrayfeed feeds to tf.data: convert and inspect.",
+    )
+    parser.add_argument("--version", action="version", version=f"arrayfeed {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def _error(message: str) -> None:
+    one_line = " ".join(message.split())
+    print(f"arrayfeed: error: {one_line}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    restore = None
+    if threading.current_thread() is threading.main_thread():
+        restore = signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up on kill
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        output = getattr(args, "output", None)
+        _error("interrupted" + (f"; nothing was written to {output}." if output else "."))
+        return 130
+    except (ArrayfeedError, OSError) as exc:
+        _error(str(exc) or type(exc).__name__)
+        return 1
+    except Exception as exc:
+        if os.environ.get("ARRAYFEED_TRACEBACK"):
+            raise
+        _error(
+            f"unexpected {type(exc).__name__}: {exc} (run again with ARRAYFEED_TRACEBACK=1 to see "
+            "where, and please report it)."
+        )
+        return 1
+    finally:
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)

@@ -1,0 +1,355 @@
+"""Inputs of a conversion: what each name reads from, and reading them a block of rows at a time.
+
+One name maps to one or more *parts* concatenated along axis 0. A part is an array-like (NumPy
+array, ``np.memmap``, ``h5py.Dataset``, ``zarr.Array``, or what :func:`arrayfeed.open_array`
+returns) or a path. A ``str`` is an *input spec*, the same syntax as on the command line:
+
+- ``file.npy``; ``file.npz:key``; ``file.h5:key`` (or ``.hdf5``, or any HDF5 file); ``store.zarr``
+  or ``store.zarr:key`` (the key may be omitted when the file or store holds exactly one array);
+- a glob pattern (``*``, ``?``, ``[...]``, ``**``) in the path part, e.g. ``parts/*.npy`` or
+  ``shards/*.h5:x``: every match, **sorted lexicographically** (zero-pad numbers:
+  ``part-0010`` sorts after ``part-0009``, ``part-10`` before ``part-9``), concatenated in order.
+
+A string that names an existing file as a whole is taken literally, so file names containing
+``:`` or ``*`` still work; an ``os.PathLike`` (e.g. ``pathlib.Path``) is always literal.
+
+``.npz`` members are streamed from the archive (never loaded whole), so every form converts in
+bounded memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob as globlib
+import os
+import re
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+import zarr
+
+from ._errors import (
+    ArrayfeedError,
+    ConfigError,
+    CorruptDataError,
+    DtypeError,
+    ShapeError,
+    SourceNotFoundError,
+)
+from ._read import native_dtype
+from ._sources import (
+    ArraySource,
+    GatherInto,
+    H5Source,
+    NpySource,
+    Source,
+    ZarrSource,
+    as_source,
+    check_feedable,
+    open_array,
+)
+
+__all__ = ["InputLike", "NpzMemberSource", "Parts", "open_input", "split_spec"]
+
+InputLike: TypeAlias = (
+    "np.ndarray | h5py.Dataset | zarr.Array[Any] | Source | str | os.PathLike[str]"
+)
+
+_CONTAINER_RE = re.compile(
+    r"^(?P<path>.+?\.(?:npy|npz|h5|hdf5|he5|hdf|zarr))(?::(?P<key>.*))?$", re.I
+)
+_GLOB_RE = re.compile(r"[*?\[]")
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """Split an input spec ``path[:key]`` into its path and key (None when absent).
+
+    >>> split_spec("data/train.h5:images")
+    ('data/train.h5', 'images')
+    >>> split_spec("x.npy")
+    ('x.npy', None)
+    >>> split_spec("shards/*.zarr:group/x")
+    ('shards/*.zarr', 'group/x')
+    """
+    match = _CONTAINER_RE.match(spec)
+    if match is not None:
+        return match["path"], match["key"] or None
+    if ":" in spec:
+        path, _, key = spec.rpartition(":")
+        return path, key or None
+    return spec, None
+
+
+class NpzMemberSource:
+    """One array of a ``.npz`` archive, read from the archive member as a stream of rows."""
+
+    def __init__(self, path: Path, key: str | None) -> None:
+        self.path = path
+        try:
+            with zipfile.ZipFile(path) as zf:
+                members = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
+                if key is None and len(members) == 1:
+                    key = members[0]
+                if key not in members:
+                    raise SourceNotFoundError(
+                        f"'{path}' has no array {key!r}; it holds {members}. Name one as "
+                        f"'{path}:KEY'."
+                    )
+                with zf.open(f"{key}.npy") as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                    else:
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                    self._offset = f.tell()
+        except SourceNotFoundError:
+            raise
+        except (zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
+            raise CorruptDataError(f"'{path}' is not a readable .npz file ({exc}).") from None
+        if dtype.hasobject:
+            raise DtypeError(f"'{path}:{key}' holds Python objects; save it with a numeric dtype.")
+        self.key = str(key)
+        self.name = f"{path}:{key}"
+        self._shape = tuple(int(n) for n in shape)
+        self._dtype = np.dtype(dtype)
+        self._fortran = bool(fortran) and len(self._shape) > 1
+        self._row_bytes = int(np.prod(self._shape[1:], dtype=np.int64)) * self._dtype.itemsize
+        self._zip: zipfile.ZipFile | None = None
+        self._file: Any = None
+        self._whole: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    def __len__(self) -> int:
+        return self._shape[0] if self._shape else 0
+
+    def read_run(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop``; cheapest when runs come in increasing order."""
+        if self._fortran:  # rows are not contiguous in a Fortran-order member: load it once
+            if self._whole is None:
+                with np.load(self.path, allow_pickle=False) as npz:
+                    self._whole = np.ascontiguousarray(npz[self.key])
+            return self._whole[start:stop]
+        if self._file is None:
+            self._zip = zipfile.ZipFile(self.path)
+            self._file = self._zip.open(f"{self.key}.npy")
+        nbytes = (stop - start) * self._row_bytes
+        self._file.seek(self._offset + start * self._row_bytes)
+        data = self._file.read(nbytes)
+        if len(data) != nbytes:
+            raise CorruptDataError(
+                f"'{self.name}' is truncated: rows {start}:{stop} are beyond its data; "
+                "re-create it."
+            )
+        return np.frombuffer(data, dtype=self._dtype).reshape((stop - start, *self._shape[1:]))
+
+    def read(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
+        if not len(indices):
+            return np.empty((0, *self._shape[1:]), self._dtype)
+        first, last = int(indices[0]), int(indices[-1])
+        rows = self.read_run(first, last + 1)
+        if last - first + 1 == len(indices):
+            return np.array(rows)
+        return np.take(rows, indices - first, axis=0)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._zip is not None:
+            self._zip.close()
+        self._file = self._zip = self._whole = None
+
+
+def read_run(source: Source, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of ``source`` (a view where the backend allows)."""
+    if isinstance(source, ArraySource):
+        return source.array[start:stop]
+    if isinstance(source, H5Source):
+        return np.asarray(source.dataset[start:stop])
+    if isinstance(source, ZarrSource):
+        return np.asarray(source.array[start:stop])
+    if isinstance(source, NpzMemberSource):
+        return source.read_run(start, stop)
+    return source.read(np.arange(start, stop, dtype=np.int64))
+
+
+def _open_path(path: Path, key: str | None) -> Source:
+    if path.suffix.lower() == ".npz" and path.is_file():
+        return NpzMemberSource(path, key)
+    return open_array(path, key)
+
+
+def _expand(spec: str) -> list[tuple[Path, str | None]]:
+    if os.path.lexists(spec):
+        return [(Path(spec), None)]
+    path, key = split_spec(spec)
+    if _GLOB_RE.search(path) and not os.path.lexists(path):
+        matches = sorted(globlib.glob(os.path.expanduser(path), recursive=True))
+        if not matches:
+            raise SourceNotFoundError(f"no file matches the pattern '{path}'; check the pattern.")
+        return [(Path(m), key) for m in matches]
+    return [(Path(os.path.expanduser(path)), key)]
+
+
+class Parts:
+    """The input of one name: one or more sources concatenated along axis 0.
+
+    All parts must share the dtype (byte order aside) and the row shape. Rows come out in the
+    native byte order.
+    """
+
+    def __init__(
+        self, name: str, sources: Sequence[Source], *, owned: Sequence[Source] = ()
+    ) -> None:
+        self.name = name
+        self.sources = list(sources)
+        self._owned = list(owned)
+        first = self.sources[0]
+        self.row_shape = tuple(int(n) for n in first.shape[1:]) if first.shape else ()
+        self.dtype = native_dtype(first.dtype)
+        for i, source in enumerate(self.sources):
+            label = _label(name, i, len(self.sources), source)
+            if len(source.shape) >= 1 and len(source) == 0 and len(self.sources) > 1:
+                pass  # an empty part contributes no rows
+            else:
+                check_feedable(source, label)
+            if tuple(source.shape[1:]) != self.row_shape:
+                raise ShapeError(
+                    f"`{label}` has rows of shape {tuple(source.shape[1:])} but `{name}[0]` has "
+                    f"{self.row_shape}; only arrays with the same row shape can be concatenated."
+                )
+            if native_dtype(source.dtype) != self.dtype:
+                raise DtypeError(
+                    f"`{label}` has dtype {source.dtype} but `{name}[0]` has {first.dtype}; "
+                    "cast the parts to one dtype before concatenating them."
+                )
+        self.lengths = [len(s) for s in self.sources]
+        self.offsets = np.cumsum([0, *self.lengths]).astype(np.int64)
+        self.n_rows = int(self.offsets[-1])
+        if self.n_rows == 0:
+            raise ShapeError(
+                f"`{name}` has no rows (all its parts are empty); give it at least one row."
+            )
+        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        if self.row_bytes == 0:
+            raise ShapeError(
+                f"`{name}` has rows of shape {self.row_shape}, which hold no data; drop it."
+            )
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n_rows, *self.row_shape)
+
+    @property
+    def gatherable(self) -> bool:
+        """Every part gathers rows in any order cheaply (in memory or memory-mapped)."""
+        return all(isinstance(s, GatherInto) for s in self.sources)
+
+    def read_run(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of the concatenation, C-contiguous, native byte order."""
+        pieces = []
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        for p in range(first, len(self.sources)):
+            lo, hi = int(self.offsets[p]), int(self.offsets[p + 1])
+            if lo >= stop:
+                break
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                pieces.append(read_run(self.sources[p], a - lo, b - lo))
+        rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return np.ascontiguousarray(rows, dtype=self.dtype)
+
+    def gather(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
+        """Rows ``indices`` (any order) of the concatenation; parts must be :attr:`gatherable`."""
+        out = np.empty((len(indices), *self.row_shape), self.dtype)
+        part = np.searchsorted(self.offsets, indices, side="right") - 1
+        for p, source in enumerate(self.sources):
+            mask = part == p
+            if not mask.any():
+                continue
+            local = indices[mask] - self.offsets[p]
+            if isinstance(source, ArraySource):
+                out[mask] = np.take(source.array, local, axis=0)
+            else:
+                order = np.argsort(local, kind="stable")
+                rows = source.read(local[order])
+                picked = np.empty_like(rows)
+                picked[order] = rows
+                out[mask] = picked
+        return out
+
+    def close(self) -> None:
+        """Close the files this input opened itself (never a caller's own handles)."""
+        for source in self._owned:
+            _close(source)
+
+
+def _close(source: Source) -> None:
+    if isinstance(source, NpzMemberSource):
+        source.close()
+    elif isinstance(source, H5Source):
+        with contextlib.suppress(Exception):  # closing is best effort
+            source.dataset.file.close()
+
+
+def _label(name: str, i: int, count: int, source: Source) -> str:
+    """How messages name part ``i`` of ``count``: with its file, when it has one."""
+    if count == 1:
+        return name
+    if isinstance(source, (NpySource, H5Source, ZarrSource, NpzMemberSource)):
+        return f"{name}[{i}] ({source.name})"
+    return f"{name}[{i}]"
+
+
+def open_input(name: str, value: Any) -> Parts:
+    """Open the input named ``name`` (headers only; no rows are read)."""
+    where = f"inputs[{name!r}]"
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items:
+        raise ConfigError(f"`{where}` is an empty list; give it at least one array or path.")
+    sources: list[Source] = []
+    owned: list[Source] = []
+    try:
+        for item in items:
+            if isinstance(item, str):
+                for path, key in _expand(item):
+                    source = _open_path(path, key)
+                    sources.append(source)
+                    owned.append(source)
+            elif isinstance(item, os.PathLike):
+                source = _open_path(Path(item), None)
+                sources.append(source)
+                owned.append(source)
+            elif isinstance(item, (np.ndarray, h5py.Dataset, zarr.Array, Source)) or hasattr(
+                item, "__array__"
+            ):
+                sources.append(as_source(item, where))
+            else:
+                raise ConfigError(
+                    f"`{where}` holds a value of type {type(item).__name__}, which is not an "
+                    "array-like or a path; pass a NumPy array, h5py.Dataset, zarr.Array, path "
+                    "or 'file:key' string (wrap a list of numbers in np.asarray)."
+                )
+        return Parts(where, sources, owned=owned)
+    except ArrayfeedError as exc:
+        for source in owned:
+            _close(source)
+        message = str(exc)
+        if not message.startswith(f"`{where}"):
+            message = f"`{where}`: {message}"
+        raise type(exc)(message) from None
+    except BaseException:
+        for source in owned:
+            _close(source)
+        raise
