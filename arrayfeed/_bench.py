@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ._sources import Chunked, GatherInto, Source, as_source, check_feedable
+from ._errors import ConfigError
+from ._sources import Chunked, GatherInto, Source, as_source, check_feedable, open_array
 
-__all__ = ["BenchReport", "bench"]
+__all__ = ["BenchReport", "arrays_at", "bench"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +133,11 @@ def _advise(report: BenchReport, sources: dict[str, Source]) -> list[str]:
             f"shuffle='block' reads {block / full:.1f}x faster than a full shuffle here: use it "
             "(rows are shuffled within windows of chunks; see README, 'Block shuffle')."
         )
+    elif full and block and full > 1.5 * block:
+        advice.append(
+            f"a full shuffle (shuffle=True) reads {full / block:.1f}x faster than 'block' here: "
+            "keep it."
+        )
     elif full and block:
         advice.append("a full shuffle (shuffle=True) is about as fast as 'block' here: keep it.")
     splits = [
@@ -148,7 +154,7 @@ def _advise(report: BenchReport, sources: dict[str, Source]) -> list[str]:
             if splits
             else "reading is far below the storage's own slab speed"
         )
-        names = " ".join(f"{name}=PATH" for name in sources)
+        names = " ".join(f"{name}=PATH" for name in sorted(sources))
         advice.append(
             f"{reason}; rewriting the data with whole-row chunks sized for batch reads should be "
             f"faster: arrayfeed convert {names} -o converted.h5 --compression lzf"
@@ -162,3 +168,66 @@ def _splits_rows(source: Any) -> bool:
     if chunks is None:
         chunks = getattr(getattr(source, "array", None), "chunks", None)
     return chunks is not None and tuple(chunks[1:]) != tuple(source.shape[1:])
+
+
+def arrays_at(specs: list[str]) -> dict[str, Source]:
+    """The arrays named on a command line: ``NAME=PATH[:KEY]``, ``PATH:KEY`` (named KEY), a
+    ``.npy`` file (named after the file), or a whole HDF5 file / Zarr group (every array in it,
+    named by its path inside).
+
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
+    >>> np.save(path, np.zeros((4, 2)))
+    >>> sorted(arrays_at([path, f"labels={path}"]))
+    ['labels', 'x']
+    """
+    import h5py
+    import zarr
+
+    from ._inputs import split_spec
+
+    arrays: dict[str, Source] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition("=")
+        if not sep:
+            name, rest = "", spec
+        path, key = split_spec(rest)
+        if key is not None or path.lower().endswith((".npy", ".npz")):
+            found = {name or key or _stem(path): open_array(path, key)}
+        elif h5py.is_hdf5(path):
+            found = {k: open_array(path, k) for k in _h5_datasets(path)}
+        else:
+            group = zarr.open(store=path, mode="r")
+            if isinstance(group, zarr.Group):
+                keys = [k for k, v in group.members(max_depth=None) if isinstance(v, zarr.Array)]
+                found = {k: open_array(path, k) for k in keys}
+            else:
+                found = {name or _stem(path): open_array(path)}
+        if name and len(found) != 1:
+            raise ConfigError(
+                f"'{spec}' names {len(found)} arrays; give one with NAME=PATH:KEY or drop NAME."
+            )
+        for array_name, source in found.items():
+            if array_name in arrays:
+                raise ConfigError(
+                    f"two arrays are called '{array_name}'; name them apart with NAME=PATH."
+                )
+            arrays[array_name] = source
+    if not arrays:
+        raise ConfigError("no arrays to measure; give at least one PATH[:KEY].")
+    return arrays
+
+
+def _h5_datasets(path: str) -> list[str]:
+    import h5py
+
+    names: list[str] = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda k, v: names.append(k) if isinstance(v, h5py.Dataset) else None)
+    return names
+
+
+def _stem(path: str) -> str:
+    from pathlib import Path
+
+    return Path(path.rstrip("/")).stem

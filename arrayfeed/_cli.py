@@ -4,7 +4,7 @@ Each subcommand is a function in :data:`COMMANDS` that adds its parser to the su
 ``run`` (``args -> exit code``) as its default; adding a subcommand is one function and one entry.
 Errors are one line on stderr, ``arrayfeed: error: <what and how to fix>``, with a non-zero exit and
 no traceback (set ``ARRAYFEED_TRACEBACK=1`` to see one for an unexpected error). SIGTERM is handled
-like Ctrl-C, so an interrupted conversion cleans up after itself. TensorFlow is never imported.
+like Ctrl-C, so an interrupted conversion cleans up after itself. Only ``bench`` imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -152,6 +152,34 @@ def _size(path: str) -> str:
     return format_bytes(total)
 
 
+def _add_bench(subparsers: SubParsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure how fast arrayfeed reads your arrays, and what would be faster",
+        description="Time from_arrays over your arrays, read together as one dataset, for each "
+        "shuffle mode (and the storage's own slab-read ceiling for chunked arrays), then say "
+        "which shuffle mode to use and whether `arrayfeed convert` would pay off.",
+        epilog="PATH is NAME=PATH[:KEY], PATH:KEY, a .npy file, or an HDF5 file / Zarr group "
+        "(every array in it).\n\nexamples:\n  arrayfeed bench train.h5\n"
+        "  arrayfeed bench x=images.npy y=labels.zarr --batch-size 512",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH")
+    parser.add_argument("--batch-size", type=int, default=256, metavar="N", help="default: 256")
+    parser.add_argument(
+        "--seconds", type=float, default=3.0, metavar="S", help="time per measurement (default 3)"
+    )
+    parser.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from ._bench import arrays_at, bench
+
+    report = bench(arrays_at(args.paths), batch_size=args.batch_size, seconds=args.seconds)
+    print(report.format())
+    return 0
+
+
 def _add_inspect(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "inspect",
@@ -170,7 +198,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 
 #: Subcommands, in the order ``--help`` lists them.
-COMMANDS: list[Callable[[SubParsers], None]] = [_add_convert, _add_inspect]
+COMMANDS: list[Callable[[SubParsers], None]] = [_add_convert, _add_inspect, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(
         prog="arrayfeed",
-        description="Tools for the arrays arrayfeed feeds to tf.data: convert and inspect.",
+        description="Tools for the arrays arrayfeed feeds to tf.data: convert, inspect, bench.",
     )
     parser.add_argument("--version", action="version", version=f"arrayfeed {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

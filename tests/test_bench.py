@@ -6,9 +6,10 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 import arrayfeed as af
-from arrayfeed._bench import BenchReport, _advise
+from arrayfeed._bench import BenchReport, _advise, arrays_at
 from arrayfeed._sources import ArraySource
 
 
@@ -49,6 +50,51 @@ def _report(full: float, block: float, ceiling: float | None = None) -> BenchRep
 def test_advice_follows_the_figures() -> None:
     src = {"x": ArraySource(np.zeros(10))}
     assert "use it" in _advise(_report(100.0, 400.0), src)[0]
-    assert "keep it" in _advise(_report(100.0, 110.0), src)[0]
+    assert "about as fast" in _advise(_report(100.0, 110.0), src)[0]
+    assert "2.0x faster than 'block'" in _advise(_report(200.0, 100.0), src)[0]
     slow = _advise(_report(100.0, 110.0, ceiling=1000.0), src)
     assert any("far below the storage's own slab speed" in line for line in slow)
+
+
+def test_cli_bench_on_a_whole_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from .conftest import subprocess_env
+
+    with h5py.File(tmp_path / "t.h5", "w") as f:
+        f.create_dataset(
+            "x", data=np.zeros((3000, 16), np.float32), chunks=(500, 4), compression="lzf"
+        )
+        f["y"] = np.arange(3000)
+    np.save(tmp_path / "w.npy", np.ones(3000))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arrayfeed",
+            "bench",
+            str(tmp_path / "t.h5"),
+            f"w={tmp_path / 'w.npy'}",
+            "--seconds",
+            "0.2",
+            "--batch-size",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "3,000 rows of 80 bytes, batch 64" in done.stdout
+    assert "storage ceiling" in done.stdout
+    assert "arrayfeed convert w=PATH x=PATH y=PATH" in done.stdout
+
+
+def test_arrays_at_errors(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    with pytest.raises(af.ConfigError, match="two arrays are called 'a'"):
+        arrays_at([str(tmp_path / "a.npy"), f"a={tmp_path / 'a.npy'}"])
+    with pytest.raises(af.SourceNotFoundError):
+        arrays_at([str(tmp_path / "missing.npy")])
