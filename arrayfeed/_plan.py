@@ -17,7 +17,9 @@ Layout of one epoch on worker ``k`` of ``K``:
    (``"none"``), or a chunk-aware order (``"block"``, below).
 4. **Batches**: step ``s`` takes positions ``[s * batch_size, (s + 1) * batch_size)``; the last batch
    is shorter unless ``drop_remainder``, which leaves out the last ``rows_per_epoch % batch_size``
-   positions of the epoch (different rows each epoch when shuffling).
+   positions of the epoch (different rows each epoch when shuffling). Inside a batch, rows come in
+   storage order: which rows form a batch is random, their order inside it is not (a loss, a
+   batch norm or in-batch negatives do not depend on it), and sorted reads are sequential.
 
 Block order (``shuffle="block"``), for storage that reads whole chunks: the range is cut at the
 multiples of ``block_rows`` (the storage's chunk grid, so only the first and last block can be
@@ -40,12 +42,23 @@ from ._errors import ConfigError
 from ._permutation import derive_key, invert, permute
 from ._shard import Shard
 
-__all__ = ["BLOCK_BYTES", "WINDOW_BYTES", "Plan", "ShuffleMode", "block_layout", "shard_bounds"]
+__all__ = [
+    "BLOCK_BYTES",
+    "MIN_BLOCK_BYTES",
+    "WINDOW_BYTES",
+    "Plan",
+    "ShuffleMode",
+    "block_layout",
+    "shard_bounds",
+]
 
 #: Bytes per block for ``shuffle="block"`` when no source is chunked (locality only).
 BLOCK_BYTES = 1 << 20
 #: Target bytes per window of blocks: larger mixes better, and a reader holds about two windows.
 WINDOW_BYTES = 32 << 20
+#: Smallest block: whole chunks adding up to at least this, so that small chunks are not read
+#: one storage call each (each call costs ~0.1-1 ms in h5py / Zarr whatever its size).
+MIN_BLOCK_BYTES = 4 << 20
 
 ShuffleMode = Literal["none", "full", "block"]
 
@@ -62,17 +75,23 @@ def shard_bounds(n_rows: int, shard: Shard) -> tuple[int, int]:
 def block_layout(chunk_rows: list[int], row_bytes: int) -> tuple[int, int]:
     """``(block_rows, window_blocks)`` for ``shuffle="block"``.
 
-    Blocks follow the largest chunk of the chunked sources (``chunk_rows``), so that every block
-    is whole chunks of that source; with no chunked source, blocks of about ``BLOCK_BYTES``.
+    Blocks are whole chunks of the source with the largest chunks (``chunk_rows``), as many as
+    make at least ``MIN_BLOCK_BYTES``; with no chunked source, blocks of about ``BLOCK_BYTES``.
     A window holds about ``WINDOW_BYTES``, and at least two blocks.
 
     >>> block_layout([15625, 4096], row_bytes=132)
-    (15625, 16)
+    (46875, 5)
+    >>> block_layout([16], row_bytes=12292)
+    (352, 7)
     >>> block_layout([], row_bytes=12292)
     (85, 32)
     """
     row_bytes = max(1, row_bytes)
-    block_rows = max(chunk_rows) if chunk_rows else max(1, BLOCK_BYTES // row_bytes)
+    if chunk_rows:
+        chunk = max(chunk_rows)
+        block_rows = chunk * max(1, -(-MIN_BLOCK_BYTES // (chunk * row_bytes)))
+    else:
+        block_rows = max(1, BLOCK_BYTES // row_bytes)
     return block_rows, max(2, WINDOW_BYTES // (block_rows * row_bytes))
 
 
@@ -152,12 +171,20 @@ class Plan:
         last = min(stop_step * self.batch_size, self.rows_per_epoch)
         positions = np.arange(first, last, dtype=np.int64)
         start, stop = self.bounds
+        if self.shuffle == "none":
+            return positions + start
         if self.shuffle == "full":
             key = derive_key(self.seed, epoch, self.shard.index, self.shard.count)
-            return permute(positions, stop - start, key) + start
-        if self.shuffle == "block":
-            return _BlockOrder(self, epoch).rows(positions)
-        return positions + start
+            rows = permute(positions, stop - start, key) + start
+        else:
+            rows = _BlockOrder(self, epoch).rows(positions)
+        # Storage order within each batch: the permutation decides which rows form a batch; the
+        # order inside a batch carries no randomness a loss can use, and sorted reads are
+        # sequential (one copy, and up to 4x faster for large rows).
+        full = (len(rows) // self.batch_size) * self.batch_size
+        rows[:full].reshape(-1, self.batch_size).sort(axis=1)
+        rows[full:].sort()
+        return rows
 
     def _check_step(self, step: int) -> None:
         if not 0 <= step < self.steps:

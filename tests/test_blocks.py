@@ -103,7 +103,10 @@ def test_a_failed_read_is_raised_and_not_cached() -> None:
 
 
 @pytest.mark.parametrize("count", [1, 3])
-def test_block_shuffle_reads_every_block_once_per_epoch(count: int) -> None:
+def test_block_shuffle_reads_every_block_once_per_epoch(
+    count: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("arrayfeed._plan.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
     n, chunk = 1003, 50
     data = np.arange(n)
     per_worker = []
@@ -121,6 +124,15 @@ def test_block_shuffle_reads_every_block_once_per_epoch(count: int) -> None:
             if epoch == 0:
                 per_worker.append(rows)
     assert len(np.unique(np.concatenate(per_worker))) == count * (n // count)
+
+
+def test_small_chunks_are_read_in_blocks_of_several_chunks() -> None:
+    n = 2_000_000  # int64 rows in chunks of 1000 (8 KB): blocks of 525 chunks (>= 4 MiB)
+    src = CountingChunked(np.arange(n), 1000)
+    ds = af.from_arrays(src, batch_size=10_000, shuffle="block", seed=0)
+    rows = np.concatenate([b.numpy() for b in ds])
+    assert np.array_equal(np.sort(rows), np.arange(n))
+    assert sorted(src.reads) == [(lo, min(lo + 525_000, n)) for lo in range(0, n, 525_000)]
 
 
 def test_block_shuffle_on_real_chunked_files_stays_aligned(tmp_path: Path) -> None:

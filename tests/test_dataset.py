@@ -96,8 +96,11 @@ def test_bool_and_float16_values_exact() -> None:
 
 
 @pytest.mark.parametrize("drop", [False, True])
-def test_large_rows_one_batch_per_generator_call(drop: bool) -> None:
-    n = 300  # 128 rows of 12 KiB exceed a group: batches are yielded one at a time
+def test_large_rows_one_batch_per_generator_call(
+    drop: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("arrayfeed._feed.GROUP_BYTES", 1 << 20)
+    n = 300  # 128 rows of 12 KiB exceed a 1 MiB group: batches are yielded one at a time
     images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
     ds = af.from_arrays(images, np.arange(n), batch_size=128, seed=5, drop_remainder=drop)
     assert ds.element_spec[0].shape.as_list() == [128 if drop else None, 64, 64, 3]

@@ -74,7 +74,10 @@ def test_abandoned_epoch_shuts_its_threads_down() -> None:
     assert _reader_threads() == 0
 
 
-def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis() -> None:
+def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("arrayfeed._feed.GROUP_BYTES", 1 << 20)
     n = 200  # batches of 128 rows of 12 KiB: 1.5 MiB, more than a group
     images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
     leaves, treedef = flatten((images, np.arange(n)), lambda v: isinstance(v, np.ndarray))

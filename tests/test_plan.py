@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._plan import Plan, shard_bounds
+from arrayfeed._permutation import permute
+from arrayfeed._plan import Plan, _BlockOrder, shard_bounds
 
 
 def _epoch(plan: Plan, epoch: int) -> np.ndarray:
@@ -142,36 +143,39 @@ def test_block_order_is_local_to_windows(
             )
         except af.ConfigError:
             return
-        rows = plan.indices(epoch=2, start_step=0, stop_step=plan.steps)
-        start, stop = plan.bounds
-        # Walk the epoch window by window: each window is exactly the union of `window` whole
-        # blocks (cut at multiples of `block` and at the shard bounds), in some order.
-        blocks = rows // block
-        seen: set[int] = set()
-        i = 0
-        while i < len(rows):
-            chosen: list[int] = []
-            take = 0
-            while len(chosen) < window and i + take < len(rows):
-                candidates = set(blocks[i : i + take + 1].tolist()) - set(chosen)
-                if not candidates:
-                    take += 1
-                    continue
-                b = candidates.pop()
-                chosen.append(b)
-                take += min(stop, (b + 1) * block) - max(start, b * block)
-            segment = blocks[i : i + take]
-            assert set(segment.tolist()) <= set(chosen)
-            assert not seen & set(chosen)
-            seen |= set(chosen)
-            i += take
+        epoch = plan.indices(epoch=2, start_step=0, stop_step=plan.steps)
+        rows = _BlockOrder(plan, 2).rows(np.arange(len(epoch), dtype=np.int64))
+        # Batches are the block order's batches, each in storage order.
+        for s in range(plan.steps):
+            lo, hi = s * 7, s * 7 + plan.batch_rows(s)
+            assert np.array_equal(epoch[lo:hi], np.sort(rows[lo:hi]))
+        # Window w holds exactly the rows of the blocks at slots [w*window, (w+1)*window) of the
+        # permuted block order (the last window may be cut short by the equal-steps rule).
+        order = _BlockOrder(plan, 2)
+        slot = 0
+        while slot < order.count:
+            slots = np.arange(slot, min(slot + window, order.count), dtype=np.int64)
+            lo_row, hi_row = (
+                int(order.rows_before_slot(np.array(v))) for v in (slot, slot + window)
+            )
+            blocks = permute(slots, order.count, order.block_key)
+            lo, hi = order.block_bounds(blocks)
+            expected = set(
+                np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]).tolist()
+            )
+            got = rows[lo_row:hi_row].tolist()
+            assert len(set(got)) == len(got)
+            assert set(got) <= expected
+            if hi_row <= len(rows):
+                assert set(got) == expected
+            slot += window
 
 
 def test_block_mode_reads_chunks_in_random_order() -> None:
     plan = Plan(
         n_rows=100_000, batch_size=256, shuffle="block", block_rows=1000, window_blocks=4, seed=0
     )
-    rows = plan.indices(0, 0, plan.steps)
+    rows = _BlockOrder(plan, 0).rows(np.arange(plan.rows_per_epoch, dtype=np.int64))
     first_blocks = [int(b) for b in dict.fromkeys((rows // 1000).tolist())][:20]
     assert first_blocks != sorted(first_blocks)
     batch = plan.indices(0, 10)
@@ -188,6 +192,18 @@ def test_same_seed_same_plan_other_seed_other_plan() -> None:
     c = Plan(n_rows=1000, batch_size=10, seed=6)
     assert np.array_equal(_epoch(a, 0), _epoch(b, 0))
     assert not np.array_equal(_epoch(a, 0), _epoch(c, 0))
+
+
+@given(plans, st.integers(0, 3))
+@settings(max_examples=100, deadline=None)
+def test_rows_of_a_batch_come_in_storage_order(args: tuple, epoch: int) -> None:  # type: ignore[type-arg]
+    workers = _make(*args)
+    if workers is None:
+        return
+    for plan in workers:
+        for step in range(plan.steps):
+            rows = plan.indices(epoch, step)
+            assert (np.diff(rows) > 0).all()
 
 
 def test_reshuffled_every_epoch() -> None:
