@@ -28,7 +28,7 @@ from ._blocks import BlockCache
 from ._errors import DtypeError, MapBatchError, StructureError
 from ._integrity import verify_sources
 from ._plan import Plan
-from ._read import aligned_empty, native_dtype, read_rows
+from ._read import BufferPool, native_dtype, read_rows
 from ._resume import check_position
 from ._sources import Chunked, GatherInto, Source
 from ._structure import Treedef, flatten
@@ -97,6 +97,13 @@ class Feed:
         #: Whether elements carry a leading group axis (several batches per generator call);
         #: batches of a group's size or more are yielded one at a time, with no group axis.
         self.stacked = self.group_steps > 1
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> BufferPool:
+        # Buffers in use at once: groups read ahead, groups TensorFlow still holds (its prefetch
+        # buffer and the batch being consumed), and map_batch inputs; per leaf read or yielded.
+        leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
+        return BufferPool(capacity=2 * (self.num_threads + 5) * leaves)
 
     def readers(self) -> list[Source]:
         """What one epoch reads each leaf through: with ``shuffle="block"``, chunked storage goes
@@ -145,12 +152,13 @@ class Feed:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"]  # a lock cannot be pickled; the copy gets its own
+        del state["_lock"], state["pool"]  # locks cannot be pickled; the copy gets its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self.pool = self._new_pool()
 
     def groups(self, start_step: int = 0) -> list[tuple[int, int]]:
         """``(first_step, stop_step)`` of each group; a short last batch is a group of its own."""
@@ -191,10 +199,10 @@ class Feed:
         rows = plan.batch_rows(first)
         lead = (stop - first, rows) if self.stacked else (rows,)
         indices = plan.indices(epoch, first, stop)
-        leaves = read_rows(readers or self.sources, indices, lead_shape=lead)
+        leaves = read_rows(readers or self.sources, indices, lead_shape=lead, pool=self.pool)
         if self.map_batch is None:
             return self.treedef.unflatten(leaves)
-        outs = [aligned_empty((*lead, *s.row_shape), s.dtype) for s in self.specs]
+        outs = [self.pool.empty((*lead, *s.row_shape), s.dtype) for s in self.specs]
         for i in range(stop - first):
             batch = [leaf[i] for leaf in leaves] if self.stacked else leaves
             outputs = self._apply_map(self.in_treedef.unflatten(batch), rows)

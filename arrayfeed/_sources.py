@@ -67,6 +67,9 @@ _FEEDABLE_KINDS = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 
 
 _HDF5_SUFFIXES = {".h5", ".hdf5", ".he5", ".hdf"}
 
+#: Rows at least this large are copied with pread rather than through the memory map.
+_PREAD_ROW_BYTES = 4096
+
 #: Indices per h5py point-selection call (see H5Source.read).
 _H5_PIECE = 256
 
@@ -169,6 +172,8 @@ class _MappedSource(ArraySource):
         self.fingerprint = Fingerprint.of(path)
         self._array: np.ndarray | None = None  # type: ignore[assignment]
         self._pid = -1
+        self._fd: int | None = None
+        self._fd_pid = -1
 
     @property
     def array(self) -> np.ndarray:
@@ -195,9 +200,44 @@ class _MappedSource(ArraySource):
     def __len__(self) -> int:
         return self._shape[0] if self._shape else 0
 
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None:
+        row_bytes = self._dtype.itemsize * int(np.prod(self._shape[1:], dtype=np.int64))
+        if row_bytes < _PREAD_ROW_BYTES or self._fortran or not self._dtype.isnative:
+            np.take(self.array, indices, axis=0, out=out)
+            return
+        # Large rows: copy them from the page cache with pread, one call per run of consecutive
+        # rows, instead of through the memory map. Measured on 12 KiB rows: 212-221 k rows/s with
+        # two threads against 172-176 k through the map, and steadier, because the map's pages
+        # are faulted in again whenever the kernel unmaps them. A short read means the file
+        # shrank: that is an error naming it, where the map would end the process with SIGBUS.
+        fd = self._file()
+        view = memoryview(out.reshape(-1).view(np.uint8).data)
+        cuts = np.flatnonzero(np.diff(indices) != 1) + 1
+        starts = [0, *cuts.tolist()]
+        ends = [*cuts.tolist(), len(indices)]
+        for lo, hi in zip(starts, ends, strict=True):
+            offset = self._offset + int(indices[lo]) * row_bytes
+            got = os.preadv(fd, [view[lo * row_bytes : hi * row_bytes]], offset)
+            if got != (hi - lo) * row_bytes:
+                raise CorruptDataError(
+                    f"'{self.path}' ended at byte {offset + got}, inside row {int(indices[lo])}: "
+                    "the file was truncated while being read; re-create it."
+                )
+
+    def _file(self) -> int:
+        if self._fd is None or self._fd_pid != os.getpid():
+            self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY), os.getpid()
+        return self._fd
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None and self._fd_pid == os.getpid():
+            os.close(fd)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_array"], state["_pid"] = None, -1
+        state["_fd"], state["_fd_pid"] = None, -1
         return state
 
 

@@ -150,6 +150,24 @@ def test_batches_held_across_epochs_stay_intact() -> None:
         np.testing.assert_array_equal(xs, a[ys])
 
 
+def test_held_batches_stay_intact_while_buffers_are_recycled(tmp_path: Path) -> None:
+    from arrayfeed._resume import feeds_of
+
+    n = 600  # 6 KB rows: read with pread into pooled buffers
+    a = np.random.default_rng(1).integers(0, 255, size=(n, 2048, 3), dtype=np.uint8)
+    np.save(tmp_path / "a.npy", a)
+    ds = af.from_arrays(str(tmp_path / "a.npy"), np.arange(n), batch_size=32, seed=3)
+    held = []
+    for epoch in range(4):
+        for i, (xb, yb) in enumerate(ds):
+            if i % 3 == epoch % 3:
+                held.append((xb, yb))
+    (feed,) = feeds_of(ds)
+    assert feed.pool.reused > 0  # the pool was really recycling while we held batches
+    for xb, yb in held:
+        np.testing.assert_array_equal(xb.numpy(), a[yb.numpy()])
+
+
 def test_callers_arrays_are_never_written(tmp_path: Path) -> None:
     a = _encoded(N, (4,), "float32")
     original = a.copy()

@@ -68,3 +68,31 @@ def test_aligned_empty() -> None:
             b = aligned_empty(shape, np.dtype(dtype))
             assert b.shape == shape and b.dtype == dtype and b.flags.c_contiguous
             assert b.size == 0 or b.ctypes.data % ALIGNMENT == 0
+
+
+def test_pool_recycles_only_buffers_nothing_references() -> None:
+    from arrayfeed._read import BufferPool
+
+    pool = BufferPool(capacity=4)
+    a = pool.empty((1000,), np.dtype(np.float64))
+    a[...] = 1.0
+    b = pool.empty((1000,), np.dtype(np.float64))  # `a` is still referenced: a new buffer
+    assert not np.shares_memory(a, b) and pool.fresh == 2
+    view = a[10:20]
+    del a
+    c = pool.empty((1000,), np.dtype(np.float64))  # a view keeps a's memory out of reuse
+    assert not np.shares_memory(c, view) and pool.reused == 0
+    del view, c
+    d = pool.empty((1000,), np.dtype(np.float64))
+    assert pool.reused == 1 and d.ctypes.data % ALIGNMENT == 0
+    e = pool.empty((10,), np.dtype(np.float64))  # another size: never a recycled bigger buffer
+    assert e.nbytes == 80 and pool.fresh == 4
+
+
+def test_pool_capacity_bounds_what_it_keeps() -> None:
+    from arrayfeed._read import BufferPool
+
+    pool = BufferPool(capacity=2)
+    held = [pool.empty((100,), np.dtype(np.uint8)) for _ in range(5)]
+    assert pool.fresh == 5 and len(pool._buffers) == 2
+    del held

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -135,6 +136,29 @@ class TestZarrGroupSource(SourceConformance):
         z = g.create_array("inner/a", shape=array.shape, dtype=array.dtype, chunks=(4, 3, 2))
         z[...] = array
         return af.open_array(tmp_path / "g.zarr", key="inner/a")
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_large_rows_read_with_pread_in_any_order(tmp_path: Path, order: str) -> None:
+    a = np.random.default_rng(0).integers(
+        0, 255, size=(50, 40, 40, 3), dtype=np.uint8
+    )  # 4.8 KB rows
+    np.save(tmp_path / "big.npy", np.asarray(a, order=order))
+    src = af.open_array(tmp_path / "big.npy")
+    for idx in ([3, 4, 5, 6, 40, 2, 2, 49, 0], list(range(50)), [49]):
+        out = np.empty((len(idx), 40, 40, 3), np.uint8)
+        src.gather_into(np.array(idx, dtype=np.int64), out)  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(out, a[idx])
+
+
+def test_file_truncated_while_reading_large_rows_is_named(tmp_path: Path) -> None:
+    np.save(tmp_path / "big.npy", np.zeros((50, 8192), np.uint8))
+    src = af.open_array(tmp_path / "big.npy")
+    with open(tmp_path / "big.npy", "r+b") as f:
+        f.truncate(os.path.getsize(tmp_path / "big.npy") - 3 * 8192)
+    out = np.empty((2, 8192), np.uint8)
+    with pytest.raises(af.CorruptDataError, match=r"big\.npy' ended at byte .* truncated"):
+        src.gather_into(np.array([1, 48], dtype=np.int64), out)  # type: ignore[attr-defined]
 
 
 def test_npy_is_memory_mapped_not_loaded(tmp_path: Path) -> None:
