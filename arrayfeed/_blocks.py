@@ -83,7 +83,8 @@ class BlockCache:
                     self.loads += 1
             except BaseException as exc:
                 with self._lock:
-                    self._blocks.pop(block, None)
+                    if self._blocks.get(block) is future:  # not a newer load of the same block
+                        del self._blocks[block]
                 future.set_exception(exc)
                 raise
         return future.result()

@@ -60,7 +60,7 @@ def from_arrays(
         shuffle: ``True`` (a fresh permutation of this worker's rows every epoch), ``False``
             (storage order), or ``"block"``: a chunk-aware shuffle for chunked, compressed storage
             (HDF5, Zarr) — chunk-aligned blocks in a random order, rows shuffled within windows of
-            blocks (about 32 MiB), so every chunk is read once per epoch. Each row still comes
+            blocks (about 32 MiB), so every block is read once per epoch. Each row still comes
             exactly once per epoch; mixing is local to a window.
         seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
             ``None`` draws one at random.

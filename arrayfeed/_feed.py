@@ -89,8 +89,11 @@ class Feed:
             self.specs = [LeafSpec(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources]
         else:
             self.treedef, self.specs = self._probe_map_batch()
-        row_bytes = sum(
-            int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
+        # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
+        # rows must not make groups read gigabytes.
+        row_bytes = max(
+            sum(int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in self.sources),
+            sum(int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs),
         )
         batch_bytes = max(1, row_bytes * plan.batch_size)
         self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))

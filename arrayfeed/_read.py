@@ -44,37 +44,56 @@ class BufferPool:
     faster. A buffer is handed out again only when the pool's own reference is the last one: every
     array viewing it (and so every TensorFlow tensor that wraps one without copying, which holds
     a reference to the array until the tensor is freed) keeps it out of reuse. At most
-    ``capacity`` buffers are kept; beyond that, new buffers are simply not tracked.
+    ``capacity`` buffers and ``max_bytes`` bytes are kept (for the pool's lifetime, which is its
+    dataset's); beyond that, new buffers are simply not tracked.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int = 256 << 20) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self._buffers: list[np.ndarray] = []
         self._lock = threading.Lock()
         self.fresh = 0
         self.reused = 0
+        # The reference count of a buffer that only the pool holds, measured the way _free
+        # measures it (it differs between Python versions), so reuse never depends on a constant.
+        probe = [np.empty(1, dtype=np.uint8)]
+        self._free_count = self._count(probe, 0)
+
+    @staticmethod
+    def _count(buffers: list[np.ndarray], i: int) -> int:
+        raw = buffers[i]
+        return sys.getrefcount(raw)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An uninitialised aligned array, like :func:`aligned_empty`, possibly recycled."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + ALIGNMENT
-        with self._lock:
-            raw = self._free(nbytes)
-            if raw is None:
+        with self._lock:  # the view is made under the lock: no other thread sees `raw` as free
+            i = self._free(nbytes)
+            if i is None:
                 raw = np.empty(nbytes, dtype=np.uint8)
                 self.fresh += 1
-                if len(self._buffers) < self.capacity:
+                kept = sum(b.nbytes for b in self._buffers)
+                if len(self._buffers) < self.capacity and kept + nbytes <= self.max_bytes:
                     self._buffers.append(raw)
             else:
+                raw = self._buffers[i]
                 self.reused += 1
-        return _aligned_view(raw, shape, dtype)
+            return _aligned_view(raw, shape, dtype)
 
-    def _free(self, nbytes: int) -> np.ndarray | None:
+    def clear(self) -> None:
+        """Forget every buffer (those still in use live on with their users)."""
+        with self._lock:
+            self._buffers.clear()
+
+    def _free(self, nbytes: int) -> int | None:
         for i in range(len(self._buffers)):
-            raw = self._buffers[i]
-            # References: the pool's list, `raw` here, and getrefcount's argument.
-            if raw.nbytes == nbytes and sys.getrefcount(raw) == 3:
-                return raw
+            if (
+                self._buffers[i].nbytes == nbytes
+                and self._count(self._buffers, i) == self._free_count
+            ):
+                return i
         return None
 
 
@@ -122,6 +141,6 @@ def read_rows(
             if request is None:
                 request = _SortedRequest(indices)
             data = source.read(request.unique)
-            np.take(data, request.inverse, axis=0, out=flat)
+            np.take(data, request.inverse, axis=0, out=flat, mode="clip")  # unbuffered out
         results.append(out)
     return results

@@ -91,6 +91,18 @@ def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis(
             np.testing.assert_array_equal(xb, images[yb][:, :: 1 if fn is None else 2])
 
 
+def test_groups_are_sized_on_what_is_read_even_when_map_batch_shrinks_rows() -> None:
+    n = 3000
+    images = np.zeros((n, 64, 64, 3), np.uint8)
+    _, treedef = flatten(images, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=n, batch_size=256, seed=0)
+    plain = Feed([ArraySource(images)], treedef, plan)
+    shrunk = Feed(
+        [ArraySource(images)], treedef, plan, map_batch=lambda b: b[:, 0, 0, :1].astype(np.float32)
+    )
+    assert shrunk.group_steps == plain.group_steps <= 6  # ~16 MiB of 12 KiB rows, not 1024 steps
+
+
 def test_map_batch_may_add_drop_and_change_leaves() -> None:
     feed = _feed(map_batch=lambda b: ({"sum": b["a"] + b["b"]}, (b["a"] % 2).astype(np.bool_)))
     batches = list(feed())

@@ -96,3 +96,12 @@ def test_pool_capacity_bounds_what_it_keeps() -> None:
     held = [pool.empty((100,), np.dtype(np.uint8)) for _ in range(5)]
     assert pool.fresh == 5 and len(pool._buffers) == 2
     del held
+
+
+def test_pool_byte_cap() -> None:
+    from arrayfeed._read import BufferPool
+
+    pool = BufferPool(capacity=100, max_bytes=10_000)
+    held = [pool.empty((4000,), np.dtype(np.uint8)) for _ in range(5)]
+    assert sum(b.nbytes for b in pool._buffers) <= 10_000 and len(pool._buffers) == 2
+    del held

@@ -161,6 +161,52 @@ def test_file_truncated_while_reading_large_rows_is_named(tmp_path: Path) -> Non
         src.gather_into(np.array([1, 48], dtype=np.int64), out)  # type: ignore[attr-defined]
 
 
+def test_pread_handles_short_reads_and_odd_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = np.random.default_rng(2).integers(0, 255, size=(30, 5000), dtype=np.uint8)
+    np.save(tmp_path / "big.npy", a)
+    src = af.open_array(tmp_path / "big.npy")
+    real = os.preadv
+    # Linux returns at most ~2 GiB per call; simulate much shorter reads.
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: real(fd, [bufs[0][:777]], off))
+    idx = np.array([4, 5, 6, 7, 20, 3], dtype=np.int64)
+    out = np.empty((6, 5000), np.uint8)
+    src.gather_into(idx, out)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(out, a[idx])
+    # Outputs the pread path cannot fill in place fall back to a gather, never silently skip.
+    strided = np.zeros((12, 5000), np.uint8)[::2]
+    src.gather_into(idx, strided)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(strided, a[idx])
+    src.gather_into(np.array([], dtype=np.int64), np.empty((0, 5000), np.uint8))  # type: ignore[attr-defined]
+
+
+def test_concurrent_first_reads_open_one_file_descriptor(tmp_path: Path) -> None:
+    import threading
+
+    import psutil
+
+    np.save(tmp_path / "big.npy", np.zeros((40, 5000), np.uint8))
+    proc = psutil.Process()
+    for _ in range(20):
+        src = af.open_array(tmp_path / "big.npy")
+        before = proc.num_fds()
+        barrier = threading.Barrier(6)
+
+        def read(src: object = src, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            src._file()  # type: ignore[attr-defined]
+
+        threads = [threading.Thread(target=read) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert proc.num_fds() == before + 1
+        del src, read, threads
+        assert proc.num_fds() == before
+
+
 def test_npy_is_memory_mapped_not_loaded(tmp_path: Path) -> None:
     np.save(tmp_path / "big.npy", np.zeros((1000, 100), np.float32))
     src = af.open_array(tmp_path / "big.npy")
