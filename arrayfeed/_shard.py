@@ -14,7 +14,7 @@ from typing import Any
 
 from ._errors import ConfigError
 
-__all__ = ["ENV_RANK_PAIRS", "Shard"]
+__all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "Shard"]
 
 #: ``(launcher, rank variable, size variable)`` that :meth:`Shard.from_env` reads, and TF_CONFIG.
 ENV_RANK_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -22,6 +22,12 @@ ENV_RANK_PAIRS: tuple[tuple[str, str, str], ...] = (
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("PMI (MPICH, Intel MPI)", "PMI_RANK", "PMI_SIZE"),
     ("Horovod", "HOROVOD_RANK", "HOROVOD_SIZE"),
+)
+
+#: Every environment variable :meth:`Shard.from_env` reads.
+ENV_VARIABLES: tuple[str, ...] = (
+    "TF_CONFIG",
+    *(name for _, rank, size in ENV_RANK_PAIRS for name in (rank, size)),
 )
 
 _FIX = "pass `shard=arrayfeed.Shard(count, index)` (or `shard=None`) to from_arrays explicitly"

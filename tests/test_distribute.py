@@ -24,20 +24,11 @@ import tensorflow as tf
 
 import arrayfeed as af
 from arrayfeed import ConfigError, Shard
+from arrayfeed._shard import ENV_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-ENV_VARS = (
-    "TF_CONFIG",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-)
+ENV_VARS = ENV_VARIABLES
 JOB_TIMEOUT = 180  # seconds; a worker still running then is taken as hung in an all-reduce
 AUTO_SHARD_LOG = re.compile(r"auto[-_ ]?shard", re.IGNORECASE)
 

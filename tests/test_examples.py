@@ -10,18 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from arrayfeed._shard import ENV_VARIABLES
+
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER_VARS = (
-    "TF_CONFIG",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-)
+CLUSTER_VARS = ENV_VARIABLES
 
 
 def run_example(name: str, *args: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from arrayfeed import ConfigError, Shard
+from arrayfeed._shard import ENV_VARIABLES
 
 
 def tf_config(cluster: Any, task_type: Any = "worker", index: Any = 0, **extra: Any) -> str:
@@ -117,17 +118,7 @@ def test_from_env(env: dict[str, str], expected: Shard) -> None:
 
 
 def test_from_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in (
-        "TF_CONFIG",
-        "SLURM_PROCID",
-        "SLURM_NTASKS",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_RANK",
-        "PMI_SIZE",
-        "HOROVOD_RANK",
-        "HOROVOD_SIZE",
-    ):
+    for var in ENV_VARIABLES:
         monkeypatch.delenv(var, raising=False)
     assert Shard.from_env() == Shard(1, 0)
     monkeypatch.setenv("HOROVOD_RANK", "1")
