@@ -125,8 +125,9 @@ def read_rows(
 ) -> list[np.ndarray]:
     """Rows ``indices`` (any order, duplicates allowed) of every source, in that order.
 
-    Each result is a fresh aligned array of shape ``lead_shape + row_shape`` (``lead_shape``
-    defaults to ``(len(indices),)`` and must hold ``len(indices)`` elements).
+    Each result is an aligned array that nobody else holds (new, or recycled by ``pool``), of
+    shape ``lead_shape + row_shape`` (``lead_shape`` defaults to ``(len(indices),)`` and must
+    hold ``len(indices)`` elements).
     """
     lead = (len(indices),) if lead_shape is None else lead_shape
     request: _SortedRequest | None = None
