@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import ConfigError
-from ._sources import Chunked, GatherInto, Source, as_source, check_feedable, open_array
+from ._sources import Source, as_source, check_feedable, chunked_rows, open_array, row_bytes
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
 
@@ -101,21 +101,15 @@ def bench(
     for name, source in sources.items():
         check_feedable(source, name)
     n = min(len(s) for s in sources.values())
-    row_bytes = sum(
-        int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in sources.values()
-    )
+    bytes_per_row = row_bytes(sources.values())
     rates = {mode: _timed_pass(sources, batch_size, mode, seconds) for mode in modes}
-    chunked = {
-        name: s.chunk_rows
-        for name, s in sources.items()
-        if isinstance(s, Chunked) and not isinstance(s, GatherInto) and s.chunk_rows
-    }
+    chunked = {name: rows for name, s in sources.items() if (rows := chunked_rows(s))}
     ceiling = None
     if chunked:
-        ceiling = _ceiling(sources, max(r for r in chunked.values() if r), n, seconds)
+        ceiling = _ceiling(sources, max(chunked.values()), n, seconds)
     report = BenchReport(
         rows=n,
-        row_bytes=row_bytes,
+        row_bytes=bytes_per_row,
         batch_size=batch_size,
         modes=rates,
         ceiling=ceiling,
@@ -140,11 +134,7 @@ def _advise(report: BenchReport, sources: dict[str, Source]) -> list[str]:
         )
     elif full and block:
         advice.append("a full shuffle (shuffle=True) is about as fast as 'block' here: keep it.")
-    splits = [
-        name
-        for name, s in sources.items()
-        if isinstance(s, Chunked) and not isinstance(s, GatherInto) and _splits_rows(s)
-    ]
+    splits = [name for name, s in sources.items() if chunked_rows(s) and _splits_rows(s)]
     slow = (
         report.ceiling is not None and max(report.modes.values(), default=0) < 0.5 * report.ceiling
     )

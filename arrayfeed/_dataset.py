@@ -17,7 +17,7 @@ from ._feed import Feed
 from ._plan import Plan, ShuffleMode, block_layout
 from ._resume import check_position, register
 from ._shard import Shard
-from ._sources import Chunked, GatherInto, Source, as_source, check_feedable, is_array_like
+from ._sources import Source, as_source, check_feedable, chunked_rows, is_array_like, row_bytes
 from ._structure import Treedef, flatten
 
 __all__ = ["from_arrays"]
@@ -189,13 +189,8 @@ def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
 
 
 def _block_layout(sources: list[Source]) -> tuple[int, int]:
-    chunk_rows = [
-        s.chunk_rows
-        for s in sources
-        if isinstance(s, Chunked) and not isinstance(s, GatherInto) and s.chunk_rows
-    ]
-    row_bytes = sum(int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in sources)
-    return block_layout(chunk_rows, row_bytes)
+    chunk_rows = [rows for rows in map(chunked_rows, sources) if rows]
+    return block_layout(chunk_rows, row_bytes(sources))
 
 
 def _seed(seed: int | None) -> int:

@@ -30,7 +30,7 @@ from ._integrity import verify_sources
 from ._plan import Plan
 from ._read import BufferPool, native_dtype, read_rows
 from ._resume import check_position
-from ._sources import Chunked, GatherInto, Source
+from ._sources import Source, chunked_rows, row_bytes
 from ._structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads"]
@@ -91,16 +91,18 @@ class Feed:
             self.treedef, self.specs = self._probe_map_batch()
         # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
         # rows must not make groups read gigabytes.
-        row_bytes = max(
-            sum(int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in self.sources),
-            sum(int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs),
+        out_bytes = sum(
+            int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
         )
-        batch_bytes = max(1, row_bytes * plan.batch_size)
+        batch_bytes = max(1, max(row_bytes(self.sources), out_bytes) * plan.batch_size)
         self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
-        #: Whether elements carry a leading group axis (several batches per generator call);
-        #: batches of a group's size or more are yielded one at a time, with no group axis.
-        self.stacked = self.group_steps > 1
         self.pool = self._new_pool()
+
+    @property
+    def stacked(self) -> bool:
+        """Whether elements carry a leading group axis (several batches per generator call);
+        batches of a group's size or more are yielded one at a time, with no group axis."""
+        return self.group_steps > 1
 
     def _new_pool(self) -> BufferPool:
         # Buffers in use at once: groups read ahead, groups TensorFlow still holds (its prefetch
@@ -118,9 +120,7 @@ class Feed:
         in_flight_rows = (self.num_threads + 1) * self.group_steps * plan.batch_size
         windows = 2 + -(-in_flight_rows // window_rows)
         return [
-            BlockCache(s, plan.block_rows, windows * plan.window_blocks)
-            if isinstance(s, Chunked) and not isinstance(s, GatherInto) and s.chunk_rows
-            else s
+            BlockCache(s, plan.block_rows, windows * plan.window_blocks) if chunked_rows(s) else s
             for s in self.sources
         ]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,9 +56,11 @@ __all__ = [
     "ZarrSource",
     "as_source",
     "check_feedable",
+    "chunked_rows",
     "h5_source",
     "is_array_like",
     "open_array",
+    "row_bytes",
 ]
 
 Indices = npt.NDArray[np.int64]
@@ -113,6 +115,19 @@ class Chunked(Protocol):
 
     @property
     def chunk_rows(self) -> int | None: ...
+
+
+def chunked_rows(source: Source) -> int | None:
+    """Rows per chunk of a source whose reads cost whole chunks, else None (sources that gather
+    rows in any order cheaply, and unchunked storage)."""
+    if isinstance(source, Chunked) and not isinstance(source, GatherInto):
+        return source.chunk_rows or None
+    return None
+
+
+def row_bytes(sources: Iterable[Source]) -> int:
+    """Bytes of one row of every source together."""
+    return sum(int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in sources)
 
 
 def _run_bounds(indices: Indices) -> tuple[int, int] | None:

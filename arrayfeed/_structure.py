@@ -13,7 +13,7 @@ from typing import Any
 
 from ._errors import StructureError
 
-__all__ = ["Treedef", "flatten", "map_leaves"]
+__all__ = ["Treedef", "flatten"]
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,3 @@ def _flatten(node: Any, is_leaf: Callable[[Any], bool], path: str, leaves: list[
         "(NumPy array, np.memmap, h5py.Dataset, zarr.Array, path to a .npy file, or "
         "arrayfeed.open_array(...)) nor a tuple, list or dict of them."
     )
-
-
-def map_leaves(fn: Callable[[Any], Any], structure: Any, is_leaf: Callable[[Any], bool]) -> Any:
-    """Apply ``fn`` to every leaf and rebuild the structure (lists become tuples)."""
-    leaves, treedef = flatten(structure, is_leaf)
-    return treedef.unflatten([fn(leaf) for leaf in leaves])

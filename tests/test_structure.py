@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._structure import flatten, map_leaves
+from arrayfeed._structure import flatten
 
 
 def _is_leaf(v: object) -> bool:
@@ -31,10 +31,6 @@ def test_round_trip_sorted_dicts_and_lists_become_tuples() -> None:
 def test_single_leaf() -> None:
     leaves, treedef = flatten(7, _is_leaf)
     assert leaves == [7] and treedef.kind == "leaf" and treedef.unflatten([8]) == 8
-
-
-def test_map_leaves() -> None:
-    assert map_leaves(lambda v: v * 2, (1, {"k": 2}), _is_leaf) == (2, {"k": 4})
 
 
 @pytest.mark.parametrize(
