@@ -1,11 +1,16 @@
-"""Reading rows through whole, chunk-aligned blocks, each read from storage about once per epoch.
+"""Reading rows through whole windows of chunk-aligned blocks, each block read once per epoch.
 
 With ``shuffle="block"`` the batches of a window take their rows, in random order, from the same
-few blocks. Compressed chunked storage decodes a whole chunk to return any row of it, so reading
-row by row would decode every chunk many times. A :class:`BlockCache` wraps one source for one
-epoch: it reads whole blocks (``block_rows`` rows, aligned to multiples of ``block_rows``), keeps
-the most recently used ones up to a capacity, and serves rows from them. Reader threads that need
-a block another thread is already reading wait for that read instead of repeating it.
+few blocks (see :class:`arrayfeed._plan.BlockOrder`). Compressed chunked storage decodes a whole
+chunk to return any row of it, so reading row by row would decode every chunk many times. A
+:class:`WindowCache` wraps one source for one epoch: it reads a window's blocks whole, one storage
+call per block, into one buffer laid out the way the plan permutes them (the window's *packed*
+layout), keeps the most recently used windows up to a capacity, and serves any rows of a window
+with one vectorised gather from that buffer.
+
+Reader threads share the work: a thread that needs a window claims, one at a time, the blocks
+nobody is reading yet and reads them, then waits for those other threads are reading. Every
+block is read by one thread, and a window is loaded by as many threads as need it at once.
 """
 
 from __future__ import annotations
@@ -18,23 +23,38 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ._plan import BlockOrder
+from ._read import BufferPool
 from ._sources import Source
 
-__all__ = ["BlockCache"]
+__all__ = ["WindowCache"]
 
 
-class BlockCache:
-    """A read-through cache of whole blocks of ``source`` (see the module docstring).
+class _Window:
+    """One window's buffer and the state of each of its blocks' reads."""
 
-    ``read`` has the signature of :meth:`Source.read`, so the reader uses a cache where it
-    would use the source.
+    def __init__(self, buffer: np.ndarray, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]):
+        self.buffer = buffer
+        self.lo, self.hi = lo.tolist(), hi.tolist()
+        self.at = np.concatenate(([0], np.cumsum(hi - lo))).tolist()  # packed start of each block
+        self.loads: list[Future[None] | None] = [None] * len(self.lo)
+
+
+class WindowCache:
+    """A read-through cache of whole windows of ``source`` for one epoch's ``order``.
+
+    ``capacity`` is in windows. ``pool`` recycles window buffers across epochs (a fresh
+    buffer costs a page fault per 4 KiB page on its first write).
     """
 
-    def __init__(self, source: Source, block_rows: int, capacity: int) -> None:
+    def __init__(
+        self, source: Source, order: BlockOrder, capacity: int, pool: BufferPool | None = None
+    ) -> None:
         self.source = source
-        self.block_rows = block_rows
+        self.order = order
         self.capacity = max(1, capacity)
-        self._blocks: OrderedDict[int, Future[np.ndarray]] = OrderedDict()
+        self.pool = pool
+        self._windows: OrderedDict[int, _Window] = OrderedDict()
         self._lock = threading.Lock()
         self.loads = 0  # blocks read from storage, for tests and benchmarks
 
@@ -50,41 +70,78 @@ class BlockCache:
         return len(self.source)
 
     def read(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
-        """Rows ``indices`` (sorted, unique), served from whole blocks."""
+        """Rows ``indices`` as a new array."""
         out = np.empty((len(indices), *self.source.shape[1:]), dtype=self.source.dtype)
-        block_of = indices // self.block_rows
-        cuts = np.flatnonzero(np.diff(block_of)) + 1
-        starts = np.concatenate(([0], cuts))
-        ends = np.concatenate((cuts, [len(indices)]))
-        for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-            block = int(block_of[lo])
-            data = self._block(block)
-            out[lo:hi] = data[indices[lo:hi] - block * self.block_rows]
+        self.gather_into(indices, out)
         return out
 
-    def _block(self, block: int) -> np.ndarray:
+    def gather_into(self, indices: npt.NDArray[np.int64], out: np.ndarray) -> None:
+        """Write rows ``indices`` (any order; fastest when each batch is sorted) into ``out``."""
+        if not len(indices):
+            return
+        size, first = self.order.size, self.order.first
+        blocks = indices // size - first
+        # Runs of rows from one block: few, since every batch is in storage order.
+        starts = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
+        starts = np.concatenate(([0], starts))
+        distinct, run_block = np.unique(blocks[starts], return_inverse=True)
+        window, shift = self.order.locate(distinct)
+        lengths = np.diff(np.append(starts, len(indices)))
+        packed = indices + np.repeat(shift[run_block], lengths)
+        # One gather per stretch of runs from the same window (one stretch unless the rows
+        # cross a window boundary).
+        run_window = window[run_block]
+        cuts = np.flatnonzero(run_window[1:] != run_window[:-1]) + 1
+        bounds = np.append(starts[np.concatenate(([0], cuts))], len(indices)).tolist()
+        stretch_window = run_window[np.concatenate(([0], cuts))].tolist()
+        buffers = {w: self._window(w) for w in dict.fromkeys(stretch_window)}
+        for w, lo, hi in zip(stretch_window, bounds[:-1], bounds[1:], strict=True):
+            np.take(buffers[w], packed[lo:hi], axis=0, out=out[lo:hi], mode="clip")
+
+    def _window(self, w: int) -> np.ndarray:
         with self._lock:
-            future = self._blocks.get(block)
-            if future is not None:
-                self._blocks.move_to_end(block)
-                owner = False
+            window = self._windows.get(w)
+            if window is None:
+                window = self._new_window(w)
+                self._windows[w] = window
+                while len(self._windows) > self.capacity:
+                    self._windows.popitem(last=False)
             else:
-                future = Future()
-                self._blocks[block] = future
-                owner = True
-                while len(self._blocks) > self.capacity:
-                    self._blocks.popitem(last=False)
-        if owner:
-            try:
-                lo = block * self.block_rows
-                hi = min(lo + self.block_rows, len(self.source))
-                future.set_result(self.source.read(np.arange(lo, hi, dtype=np.int64)))
-                with self._lock:
-                    self.loads += 1
-            except BaseException as exc:
-                with self._lock:
-                    if self._blocks.get(block) is future:  # not a newer load of the same block
-                        del self._blocks[block]
-                future.set_exception(exc)
-                raise
-        return future.result()
+                self._windows.move_to_end(w)
+        while (i := self._claim(window)) is not None:
+            self._load(window, i)
+        for load in window.loads:
+            assert load is not None
+            load.result()
+        return window.buffer
+
+    def _new_window(self, w: int) -> _Window:
+        lo, hi = self.order.window_blocks(w)
+        shape = (int((hi - lo).sum()), *self.source.shape[1:])
+        dtype = np.dtype(self.source.dtype)
+        buffer = self.pool.empty(shape, dtype) if self.pool is not None else np.empty(shape, dtype)
+        return _Window(buffer, lo, hi)
+
+    def _claim(self, window: _Window) -> int | None:
+        """Mark the first block of ``window`` nobody reads yet as ours; None when there is none."""
+        with self._lock:
+            for i, load in enumerate(window.loads):
+                if load is None:
+                    window.loads[i] = Future()
+                    return i
+        return None
+
+    def _load(self, window: _Window, i: int) -> None:
+        load = window.loads[i]
+        assert load is not None
+        lo, hi, at = window.lo[i], window.hi[i], window.at[i]
+        try:
+            window.buffer[at : at + hi - lo] = self.source.read(np.arange(lo, hi, dtype=np.int64))
+        except BaseException as exc:
+            with self._lock:
+                window.loads[i] = None  # the next reader of this window tries again
+            load.set_exception(exc)
+            raise
+        with self._lock:
+            self.loads += 1
+        load.set_result(None)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._blocks import BlockCache
+from ._blocks import WindowCache
 from ._errors import DtypeError, MapBatchError, StructureError
 from ._integrity import verify_sources
 from ._plan import Plan
@@ -97,6 +97,7 @@ class Feed:
         batch_bytes = max(1, max(row_bytes(self.sources), out_bytes) * plan.batch_size)
         self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
         self.pool = self._new_pool()
+        self._window_pool = self._new_window_pool()
 
     @property
     def stacked(self) -> bool:
@@ -110,17 +111,33 @@ class Feed:
         leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
         return BufferPool(capacity=2 * (self.num_threads + 5) * leaves)
 
-    def readers(self) -> list[Source]:
-        """What one epoch reads each leaf through: with ``shuffle="block"``, chunked storage goes
-        through a :class:`BlockCache` holding the windows that groups in flight draw from."""
+    def _new_window_pool(self) -> BufferPool:
+        # Window buffers of every chunked leaf: those a cache holds, plus one per reader thread
+        # that may still be gathering from an evicted one.
+        if self.plan.shuffle != "block":
+            return BufferPool(capacity=0)
+        chunked = [s for s in self.sources if chunked_rows(s)]
+        windows = self._cache_windows + self.num_threads
+        per_window = self.plan.block_rows * self.plan.window_blocks * row_bytes(chunked)
+        return BufferPool(capacity=windows * len(chunked), max_bytes=windows * per_window)
+
+    @property
+    def _cache_windows(self) -> int:
+        """Windows a cache holds: those the groups in flight draw from, and two more."""
+        plan = self.plan
+        window_rows = plan.block_rows * plan.window_blocks
+        in_flight_rows = (self.num_threads + 1) * self.group_steps * plan.batch_size
+        return 2 + -(-in_flight_rows // window_rows)
+
+    def readers(self, epoch: int) -> list[Source]:
+        """What ``epoch`` reads each leaf through: with ``shuffle="block"``, chunked storage goes
+        through a :class:`WindowCache` holding the windows that groups in flight draw from."""
         plan = self.plan
         if plan.shuffle != "block":
             return self.sources
-        window_rows = plan.block_rows * plan.window_blocks
-        in_flight_rows = (self.num_threads + 1) * self.group_steps * plan.batch_size
-        windows = 2 + -(-in_flight_rows // window_rows)
+        order = plan.block_order(epoch)
         return [
-            BlockCache(s, plan.block_rows, windows * plan.window_blocks) if chunked_rows(s) else s
+            WindowCache(s, order, self._cache_windows, self._window_pool) if chunked_rows(s) else s
             for s in self.sources
         ]
 
@@ -155,13 +172,15 @@ class Feed:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"], state["pool"]  # locks cannot be pickled; the copy gets its own
+        # Locks cannot be pickled, and buffers are not worth it: the copy gets its own.
+        del state["_lock"], state["pool"], state["_window_pool"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self.pool = self._new_pool()
+        self._window_pool = self._new_window_pool()
 
     def groups(self, start_step: int = 0) -> list[tuple[int, int]]:
         """``(first_step, stop_step)`` of each group; a short last batch is a group of its own."""
@@ -178,7 +197,7 @@ class Feed:
         """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order."""
         todo = deque(self.groups(start_step))
         depth = self.num_threads + 1
-        readers = self.readers()
+        readers = self.readers(epoch)
         pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
         pending: deque[Future[Any]] = deque()
         try:

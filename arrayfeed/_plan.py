@@ -177,7 +177,7 @@ class Plan:
             key = derive_key(self.seed, epoch, self.shard.index, self.shard.count)
             rows = permute(positions, stop - start, key) + start
         else:
-            rows = _BlockOrder(self, epoch).rows(positions)
+            rows = self.block_order(epoch).rows(positions)
         # Storage order within each batch: the permutation decides which rows form a batch; the
         # order inside a batch carries no randomness a loss can use, and sorted reads are
         # sequential (one copy, and up to 4x faster for large rows).
@@ -186,13 +186,24 @@ class Plan:
         rows[full:].sort()
         return rows
 
+    def block_order(self, epoch: int) -> BlockOrder:
+        """The block order of ``epoch`` (``shuffle="block"``): where every block and row goes."""
+        return BlockOrder(self, epoch)
+
     def _check_step(self, step: int) -> None:
         if not 0 <= step < self.steps:
             raise ValueError(f"`step` must be in [0, {self.steps}) (got {step}).")
 
 
-class _BlockOrder:
-    """The block order of one epoch on one worker (see the module docstring). O(window) memory."""
+class BlockOrder:
+    """The block order of one epoch on one worker (see the module docstring). O(window) memory.
+
+    Blocks are numbered from 0 (the block holding the range's first row); ``slot`` is a block's
+    place in the permuted order, and window ``w`` holds the blocks at slots
+    ``[w * width, (w + 1) * width)``. A window's rows, laid out block after block in slot order,
+    are its *packed* layout: the layout that :meth:`rows` permutes and that a reader holding a
+    window in one buffer indexes.
+    """
 
     def __init__(self, plan: Plan, epoch: int) -> None:
         self.start, self.stop = plan.bounds
@@ -218,10 +229,41 @@ class _BlockOrder:
         )
         return rows
 
-    def block_bounds(self, blocks: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], ...]:
+    def block_bounds(
+        self, blocks: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Storage row ranges ``[lo, hi)`` of ``blocks`` (numbered from 0)."""
         lo = np.maximum((self.first + blocks) * self.size, self.start)
         hi = np.minimum((self.first + blocks + 1) * self.size, self.stop)
         return lo, hi
+
+    @property
+    def windows(self) -> int:
+        """Number of windows."""
+        return -(-self.count // self.width)
+
+    def window_rows(self, window: int) -> int:
+        """Rows in ``window`` (every row of its blocks)."""
+        lo, hi = self.rows_before_slot(np.array([window * self.width, (window + 1) * self.width]))
+        return int(hi - lo)
+
+    def window_blocks(self, window: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Storage row ranges ``[lo, hi)`` of the blocks of ``window``, in slot (packed) order."""
+        slots = np.arange(
+            window * self.width, min((window + 1) * self.width, self.count), dtype=np.int64
+        )
+        return self.block_bounds(permute(slots, self.count, self.block_key))
+
+    def locate(
+        self, blocks: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``(window, shift)`` of each of ``blocks`` (numbered from 0): row ``r`` of block ``b`` is
+        at ``r + shift`` in the packed layout of ``window``."""
+        slots = invert(blocks, self.count, self.block_key)
+        window = slots // self.width
+        lo, _ = self.block_bounds(blocks)
+        shift = self.rows_before_slot(slots) - self.rows_before_slot(window * self.width) - lo
+        return window, shift
 
     def rows(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Row indices of ``positions`` of this epoch."""

@@ -12,7 +12,8 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._blocks import BlockCache
+from arrayfeed._blocks import WindowCache
+from arrayfeed._plan import BlockOrder, Plan
 
 
 class CountingChunked:
@@ -21,6 +22,7 @@ class CountingChunked:
     def __init__(self, array: np.ndarray, chunk_rows: int) -> None:
         self.array, self._chunk_rows = array, chunk_rows
         self.reads: list[tuple[int, int]] = []
+        self.threads: list[tuple[str, int]] = []
         self._lock = threading.Lock()
 
     @property
@@ -42,46 +44,81 @@ class CountingChunked:
         assert (np.diff(indices) == 1).all(), "block reads are whole contiguous blocks"
         with self._lock:
             self.reads.append((int(indices[0]), int(indices[-1]) + 1))
+            self.threads.append((threading.current_thread().name, int(indices[0])))
         return self.array[indices]
 
 
-def test_rows_come_from_whole_blocks_read_once() -> None:
-    a = np.arange(100 * 3).reshape(100, 3)
-    src = CountingChunked(a, 10)
-    cache = BlockCache(src, block_rows=10, capacity=100)
+def order(n: int, block: int, window: int, epoch: int = 0, seed: int = 0) -> BlockOrder:
+    plan = Plan(
+        n_rows=n, batch_size=4, shuffle="block", block_rows=block, window_blocks=window, seed=seed
+    )
+    return plan.block_order(epoch)
+
+
+@pytest.mark.parametrize("n, block, window", [(100, 10, 2), (103, 10, 3), (7, 10, 2), (64, 8, 8)])
+def test_any_rows_in_any_order_come_from_whole_blocks_read_once(
+    n: int, block: int, window: int
+) -> None:
+    a = np.arange(n * 3).reshape(n, 3)
+    src = CountingChunked(a, block)
+    cache = WindowCache(src, order(n, block, window), capacity=100)
     rng = np.random.default_rng(0)
-    for _ in range(30):
-        idx = np.sort(rng.choice(100, size=17, replace=False)).astype(np.int64)
-        np.testing.assert_array_equal(cache.read(idx), a[idx])
-    assert len(src.reads) == len(set(src.reads)) == cache.loads <= 10
-    assert all(hi - lo == 10 for lo, hi in src.reads)
+    for size in [1, 5, 17, n, 3 * n]:
+        idx = rng.integers(0, n, size=size).astype(np.int64)  # unsorted, with duplicates
+        out = np.full((size, 3), -1)
+        cache.gather_into(idx, out)
+        np.testing.assert_array_equal(out, a[idx])
+        np.testing.assert_array_equal(cache.read(np.sort(idx)), a[np.sort(idx)])
+    blocks = -(-n // block)
+    assert len(src.reads) == len(set(src.reads)) == cache.loads == blocks
+    assert sorted(src.reads) == [(lo, min(lo + block, n)) for lo in range(0, n, block)]
 
 
-def test_capacity_evicts_least_recently_used() -> None:
+def test_a_gather_across_windows_keeps_the_request_order() -> None:
+    n = 200
+    a = np.arange(n)
+    plan = Plan(n_rows=n, batch_size=16, shuffle="block", block_rows=10, window_blocks=3, seed=3)
+    cache = WindowCache(CountingChunked(a, 10), plan.block_order(1), capacity=2)
+    idx = plan.indices(1, 0, plan.steps)  # the whole epoch: every window, in plan order
+    out = np.empty(len(idx), dtype=a.dtype)
+    cache.gather_into(idx, out)
+    np.testing.assert_array_equal(out, idx)
+
+
+def test_capacity_evicts_least_recently_used_windows() -> None:
     src = CountingChunked(np.arange(50), 10)
-    cache = BlockCache(src, block_rows=10, capacity=2)
-    for block in [0, 1, 0, 2, 0, 1]:
-        cache.read(np.array([block * 10], dtype=np.int64))
+    o = order(50, 10, 1)  # one block per window
+    window_of = {b: int(o.locate(np.array([b]))[0][0]) for b in range(5)}
+    cache = WindowCache(src, o, capacity=2)
+    by_window = {w: b for b, w in window_of.items()}
+    for w in [0, 1, 0, 2, 0, 1]:
+        cache.read(np.array([by_window[w] * 10], dtype=np.int64))
     # 0 and 1 loaded; 0 kept hot; 2 evicts 1; 0 still there; 1 loaded again.
-    assert [lo for lo, _ in src.reads] == [0, 10, 20, 10]
+    assert [lo // 10 for lo, _ in src.reads] == [by_window[w] for w in [0, 1, 2, 1]]
 
 
-def test_threads_wait_for_a_block_in_flight_instead_of_reading_it_again() -> None:
-    gate = threading.Event()
-    src = CountingChunked(np.arange(40), 20)
+def test_threads_share_a_window_and_wait_for_blocks_in_flight() -> None:
+    second_read = threading.Event()
+    calls = []
+    src = CountingChunked(np.arange(40), 10)
     inner_read = src.read
 
     def slow_read(indices: np.ndarray) -> np.ndarray:
-        gate.wait(5)
+        calls.append(indices[0])
+        if len(calls) == 1:
+            second_read.wait(5)  # hold the first block until another thread reads another one
+        else:
+            second_read.set()
         return inner_read(indices)
 
     src.read = slow_read  # type: ignore[method-assign]
-    cache = BlockCache(src, block_rows=20, capacity=4)
+    cache = WindowCache(src, order(40, 10, 4), capacity=4)  # one window of four blocks
     with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(cache.read, np.array([i], dtype=np.int64)) for i in range(8)]
-        gate.set()
-        assert [int(f.result()[0]) for f in futures] == list(range(8))
-    assert src.reads == [(0, 20)]
+        futures = [pool.submit(cache.read, np.array([i], dtype=np.int64)) for i in range(0, 40, 5)]
+        assert [int(f.result()[0]) for f in futures] == list(range(0, 40, 5))
+    assert second_read.is_set()  # a second thread read a block while the first was reading
+    assert sorted(src.reads) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert len({name for name, _ in src.threads}) > 1
 
 
 def test_a_failed_read_is_raised_and_not_cached() -> None:
@@ -96,10 +133,11 @@ def test_a_failed_read_is_raised_and_not_cached() -> None:
         return inner_read(indices)
 
     src.read = flaky  # type: ignore[method-assign]
-    cache = BlockCache(src, block_rows=10, capacity=4)
+    cache = WindowCache(src, order(20, 10, 2), capacity=4)
     with pytest.raises(OSError, match="disk hiccup"):
         cache.read(np.array([3], dtype=np.int64))
-    assert cache.read(np.array([3], dtype=np.int64)).tolist() == [3]
+    assert cache.read(np.array([3, 15], dtype=np.int64)).tolist() == [3, 15]
+    assert cache.loads == 2
 
 
 @pytest.mark.parametrize("count", [1, 3])

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import arrayfeed as af
 from arrayfeed._permutation import permute
-from arrayfeed._plan import Plan, _BlockOrder, shard_bounds
+from arrayfeed._plan import Plan, shard_bounds
 
 
 def _epoch(plan: Plan, epoch: int) -> np.ndarray:
@@ -144,14 +144,14 @@ def test_block_order_is_local_to_windows(
         except af.ConfigError:
             return
         epoch = plan.indices(epoch=2, start_step=0, stop_step=plan.steps)
-        rows = _BlockOrder(plan, 2).rows(np.arange(len(epoch), dtype=np.int64))
+        rows = plan.block_order(2).rows(np.arange(len(epoch), dtype=np.int64))
         # Batches are the block order's batches, each in storage order.
         for s in range(plan.steps):
             lo, hi = s * 7, s * 7 + plan.batch_rows(s)
             assert np.array_equal(epoch[lo:hi], np.sort(rows[lo:hi]))
         # Window w holds exactly the rows of the blocks at slots [w*window, (w+1)*window) of the
         # permuted block order (the last window may be cut short by the equal-steps rule).
-        order = _BlockOrder(plan, 2)
+        order = plan.block_order(2)
         slot = 0
         while slot < order.count:
             slots = np.arange(slot, min(slot + window, order.count), dtype=np.int64)
@@ -175,7 +175,7 @@ def test_block_mode_reads_chunks_in_random_order() -> None:
     plan = Plan(
         n_rows=100_000, batch_size=256, shuffle="block", block_rows=1000, window_blocks=4, seed=0
     )
-    rows = _BlockOrder(plan, 0).rows(np.arange(plan.rows_per_epoch, dtype=np.int64))
+    rows = plan.block_order(0).rows(np.arange(plan.rows_per_epoch, dtype=np.int64))
     first_blocks = [int(b) for b in dict.fromkeys((rows // 1000).tolist())][:20]
     assert first_blocks != sorted(first_blocks)
     batch = plan.indices(0, 10)
