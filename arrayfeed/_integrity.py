@@ -42,10 +42,13 @@ __all__ = [
     "StrictStore",
     "Verifiable",
     "check_h5_filters",
+    "corrupt_chunk_error",
     "h5_fingerprint",
     "memmap_fingerprint",
+    "missing_chunk_error",
     "open_h5_file",
     "strict_zarr_array",
+    "unwrap_store",
     "verify_sources",
     "zarr_fingerprint",
     "zarr_marked_complete",
@@ -270,7 +273,7 @@ def zarr_marked_complete(array: zarr.Array[Any]) -> bool:
             continue
         if _marked(group.attrs):
             return True
-    store = _unwrap(array.store)
+    store = unwrap_store(array.store)
     if isinstance(store, LocalStore):
         for directory in Path(store.root).resolve().parents:
             attrs = _local_group_attrs(directory)
@@ -295,7 +298,8 @@ def _local_group_attrs(directory: Path) -> dict[str, Any] | None:
     return None
 
 
-def _unwrap(store: Store) -> Store:
+def unwrap_store(store: Store) -> Store:
+    """The store under any wrapper stores."""
     while isinstance(store, WrapperStore):
         store = store._store
     return store
@@ -303,6 +307,27 @@ def _unwrap(store: Store) -> Store:
 
 def _chunk_coords(key: str) -> tuple[int, ...]:
     return tuple(int(d) for d in re.findall(r"\d+", key))
+
+
+def missing_chunk_error(name: str, key: str) -> CorruptDataError:
+    """The error for chunk ``key`` missing from Zarr array ``name`` of a strict store."""
+    return CorruptDataError(
+        f"chunk {_chunk_coords(key)} (key '{key}') of Zarr array '{name}' is missing. The store "
+        "is marked complete by arrayfeed (or was opened with strict=True), so a missing chunk is "
+        "lost data, not fill values; restore the store from a backup or re-create it (e.g. with "
+        "`arrayfeed convert`)."
+    )
+
+
+def corrupt_chunk_error(
+    name: str, coords: tuple[int, ...], key: str, error: Exception
+) -> CorruptDataError:
+    """The error for chunk ``coords`` (``key``) of Zarr array ``name`` that cannot be read."""
+    return CorruptDataError(
+        f"chunk {coords} (key '{key}') of Zarr array '{name}' cannot be read "
+        f"({type(error).__name__}: {error}); the store is corrupted. Restore it from a "
+        "backup or re-create it (e.g. with `arrayfeed convert`)."
+    )
 
 
 class StrictStore(WrapperStore[Store]):
@@ -324,12 +349,7 @@ class StrictStore(WrapperStore[Store]):
         if key.rsplit("/", 1)[-1] in _ZARR_METADATA:
             return None
         relative = key[len(self.prefix) + 1 :] if self.prefix else key
-        return CorruptDataError(
-            f"chunk {_chunk_coords(relative)} (key '{relative}') of Zarr array "
-            f"'{self.array_name}' is missing. The store is marked complete by arrayfeed (or was "
-            "opened with strict=True), so a missing chunk is lost data, not fill values; restore "
-            "the store from a backup or re-create it (e.g. with `arrayfeed convert`)."
-        )
+        return missing_chunk_error(self.array_name, relative)
 
     async def get(
         self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None
@@ -368,7 +388,7 @@ def strict_zarr_array(array: zarr.Array[Any], name: str) -> zarr.Array[Any]:
 
 def zarr_fingerprint(array: zarr.Array[Any]) -> Fingerprint | None:
     """The fingerprint of the metadata file of an array in a local (directory) store."""
-    store = _unwrap(array.store)
+    store = unwrap_store(array.store)
     if not isinstance(store, LocalStore):
         return None
     metadata = "zarr.json" if array.metadata.zarr_format == 3 else ".zarray"
@@ -398,12 +418,7 @@ def zarr_read_error(
             except ArrayfeedError as exc:
                 return exc if isinstance(exc, CorruptDataError) else CorruptDataError(str(exc))
             except Exception as exc:
-                key = array.metadata.encode_chunk_key(coords)
-                return CorruptDataError(
-                    f"chunk {coords} (key '{key}') of Zarr array '{name}' cannot be read "
-                    f"({type(exc).__name__}: {exc}); the store is corrupted. Restore it from a "
-                    "backup or re-create it (e.g. with `arrayfeed convert`)."
-                )
+                return corrupt_chunk_error(name, coords, array.metadata.encode_chunk_key(coords), exc)
     return CorruptDataError(
         f"reading rows of Zarr array '{name}' failed ({type(error).__name__}: {error}), although "
         "each chunk they touch reads on its own; check the store and its storage."

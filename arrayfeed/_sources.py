@@ -44,6 +44,7 @@ from ._integrity import (
     zarr_marked_complete,
     zarr_read_error,
 )
+from ._zarrchunks import ChunkReader
 
 __all__ = [
     "ArraySource",
@@ -445,6 +446,8 @@ class ZarrSource:
         self.strict = zarr_marked_complete(array) if strict is None else bool(strict)
         self.fingerprint = zarr_fingerprint(array)
         self.array = strict_zarr_array(array, self.name) if self.strict else array
+        # Local unsharded arrays are read chunk by chunk in the reader's own thread.
+        self.chunk_reader = ChunkReader.of(array, self.name, self.strict)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -459,6 +462,8 @@ class ZarrSource:
 
     def read(self, indices: Indices) -> np.ndarray:
         try:
+            if self.chunk_reader is not None:
+                return self.chunk_reader.read(indices)
             run = _run_bounds(indices)
             if run is not None:
                 return np.asarray(self.array[run[0] : run[1]])

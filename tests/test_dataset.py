@@ -365,3 +365,13 @@ def test_keras_fit_with_sample_weight() -> None:
     model.compile("sgd", "mse")
     history = model.fit(af.from_arrays(x, y, w, batch_size=20, seed=0), epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
+
+
+def test_autotuning_is_off_and_can_be_turned_back_on() -> None:
+    ds = af.from_arrays(np.arange(20.0), batch_size=5, seed=0, shard=None)
+    assert ds.options().autotune.enabled is False
+    mapped = ds.map(lambda x: x + 1, num_parallel_calls=tf.data.AUTOTUNE).prefetch(-1)
+    assert sorted(np.concatenate([b.numpy() for b in mapped]).tolist()) == list(range(1, 21))
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    assert mapped.with_options(options).options().autotune.enabled is True

@@ -1,0 +1,153 @@
+"""Reading rows of a local Zarr v3 array chunk by chunk, in the calling thread.
+
+zarr-python 3 runs every read on its own event loop thread and hands file reads and decoding to
+further threads. Each hand-over needs the GIL, and while a training loop holds it each one can
+wait a whole switch interval (5 ms): measured on this project's benchmark data, reading an
+uncompressed store took 0.49 s alone and 14 s next to a thread spinning in Python. For the common
+case, an unsharded array in a local directory with a ``bytes`` serializer and standard
+compressors, :class:`ChunkReader` reads chunk files and decodes them in the reader thread
+(``numcodecs`` releases the GIL while it decompresses), with the semantics of Zarr's own reads:
+missing chunks are the fill value, or an error when the store is strict.
+:meth:`ChunkReader.of` returns None for anything else, and the caller reads through Zarr.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import zarr
+from zarr.storage import LocalStore
+
+from ._errors import CorruptDataError
+from ._integrity import corrupt_chunk_error, missing_chunk_error, unwrap_store
+
+__all__ = ["ChunkReader"]
+
+Decoder = Callable[[bytes], Any]
+
+
+def _decoder(spec: dict[str, Any]) -> Decoder | None:
+    """A bytes-to-bytes decoder for a Zarr v3 codec, or None if this module cannot run it."""
+    import numcodecs
+
+    name = spec.get("name")
+    if name == "zstd":
+        return numcodecs.Zstd().decode  # type: ignore[no-any-return]
+    if name == "blosc":
+        return numcodecs.Blosc().decode  # type: ignore[no-any-return]
+    if name == "gzip":
+        return numcodecs.GZip().decode  # type: ignore[no-any-return]
+    if name == "crc32c":
+        try:  # numcodecs >= 0.14; Zarr v3 puts the checksum after the data
+            return numcodecs.CRC32C(location="end").decode  # type: ignore[no-any-return]
+        except (AttributeError, TypeError):
+            return None
+    return None
+
+
+class ChunkReader:
+    """Rows of one local, unsharded Zarr v3 array, read and decoded in the calling thread."""
+
+    def __init__(
+        self,
+        root: Path,
+        shape: tuple[int, ...],
+        chunks: tuple[int, ...],
+        dtype: np.dtype[Any],
+        fill_value: Any,
+        decoders: Sequence[Decoder],
+        key: Callable[[tuple[int, ...]], str],
+        name: str,
+        strict: bool,
+    ) -> None:
+        self.root, self.shape, self.chunks, self.dtype = root, shape, chunks, dtype
+        self.fill_value, self.decoders, self.key = fill_value, list(decoders), key
+        self.name, self.strict = name, strict
+        self._chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * dtype.itemsize
+        # Chunk coordinates along every axis but the first.
+        grid = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
+        self._rest = list(itertools.product(*grid))
+
+    @classmethod
+    def of(cls, array: zarr.Array[Any], name: str, strict: bool) -> ChunkReader | None:
+        """A reader for ``array``, or None when its storage or codecs need Zarr's own reads."""
+        meta = array.metadata
+        store = unwrap_store(array.store)
+        if meta.zarr_format != 3 or not isinstance(store, LocalStore) or array.shards is not None:
+            return None
+        dtype = np.dtype(array.dtype)
+        if dtype.hasobject or dtype.kind in "USVMm" or not array.shape:
+            return None
+        codecs: list[dict[str, Any]] = [dict(codec.to_dict()) for codec in meta.codecs]
+        if not codecs or codecs[0].get("name") != "bytes":
+            return None  # array-to-array codecs (transpose) or another serializer
+        endian = (codecs[0].get("configuration") or {}).get("endian")
+        if dtype.itemsize > 1:
+            dtype = dtype.newbyteorder("<" if endian in (None, "little") else ">")
+        decoders = [_decoder(spec) for spec in codecs[1:]]
+        if any(d is None for d in decoders):
+            return None
+        return cls(
+            root=Path(store.root) / str(array.path),
+            shape=tuple(int(n) for n in array.shape),
+            chunks=tuple(int(c) for c in array.chunks),
+            dtype=dtype,
+            fill_value=array.fill_value,
+            decoders=[d for d in reversed(decoders) if d is not None],
+            key=meta.encode_chunk_key,
+            name=name,
+            strict=strict,
+        )
+
+    def read(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
+        """Rows ``indices`` (sorted, unique) as a new array."""
+        out = np.empty((len(indices), *self.shape[1:]), dtype=self.dtype.newbyteorder("="))
+        if not len(indices):
+            return out
+        rows_per_chunk = self.chunks[0]
+        row_chunk = indices // rows_per_chunk
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(row_chunk)) + 1, [len(indices)]))
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+            c = int(row_chunk[a])
+            local = indices[a:b] - c * rows_per_chunk
+            rows: slice | npt.NDArray[np.int64] = (
+                slice(int(local[0]), int(local[-1]) + 1)
+                if int(local[-1]) - int(local[0]) + 1 == len(local)
+                else local
+            )
+            for rest in self._rest:
+                chunk = self._chunk((c, *rest))
+                region = tuple(
+                    slice(i * size, min((i + 1) * size, n))
+                    for i, size, n in zip(rest, self.chunks[1:], self.shape[1:], strict=True)
+                )
+                inner = tuple(slice(0, r.stop - r.start) for r in region)
+                out[(slice(a, b), *region)] = chunk[(rows, *inner)]
+        return out
+
+    def _chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+        key = self.key(coords)
+        try:
+            with open(os.path.join(self.root, key), "rb") as f:
+                data: Any = f.read()
+        except FileNotFoundError:
+            if self.strict:
+                raise missing_chunk_error(self.name, key) from None
+            return np.full(self.chunks, self.fill_value, dtype=self.dtype)
+        try:
+            for decode in self.decoders:
+                data = decode(data)
+            view = memoryview(data).cast("B")
+            if view.nbytes != self._chunk_bytes:
+                raise ValueError(f"decoded to {view.nbytes} bytes, expected {self._chunk_bytes}")
+            return np.frombuffer(view, dtype=self.dtype).reshape(self.chunks)
+        except CorruptDataError:
+            raise
+        except Exception as exc:
+            raise corrupt_chunk_error(self.name, coords, key, exc) from exc

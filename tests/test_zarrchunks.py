@@ -1,0 +1,164 @@
+"""Zarr chunks read in the calling thread: the same rows as Zarr, or Zarr's own reads."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import (
+    BloscCodec,
+    BytesCodec,
+    Crc32cCodec,
+    GzipCodec,
+    TransposeCodec,
+    ZstdCodec,
+)
+
+import arrayfeed as af
+from arrayfeed._sources import ZarrSource
+from arrayfeed._zarrchunks import ChunkReader
+
+COMPRESSORS: dict[str, Any] = {
+    "none": None,
+    "zstd": [ZstdCodec()],
+    "blosc": [BloscCodec()],
+    "gzip": [GzipCodec()],
+    "zstd+crc32c": [ZstdCodec(), Crc32cCodec()],
+}
+
+
+def _array(path: Path, data: np.ndarray, chunks: tuple[int, ...], **kwargs: Any) -> Any:
+    z = zarr.create_array(path, shape=data.shape, dtype=data.dtype, chunks=chunks, **kwargs)
+    z[...] = data
+    return zarr.open_array(path, mode="r")
+
+
+def _requests(n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(n)
+    return [
+        np.arange(n, dtype=np.int64),  # every row: runs across chunks
+        np.arange(3, min(n, 11), dtype=np.int64),  # a run inside and across chunks
+        np.sort(rng.choice(n, size=max(1, n // 3), replace=False)).astype(np.int64),
+        np.array([n - 1], dtype=np.int64),  # the edge chunk
+        np.array([], dtype=np.int64),
+    ]
+
+
+@pytest.mark.parametrize("compressor", sorted(COMPRESSORS))
+@pytest.mark.parametrize(
+    "dtype, endian", [("<f4", "little"), (">i2", "big"), ("<i2", "big"), ("u1", None), ("?", None)]
+)
+@pytest.mark.parametrize("chunks", [(4, 5, 3), (7, 2, 2), (64, 5, 3)])
+def test_reads_the_same_rows_as_zarr(
+    tmp_path: Path, compressor: str, dtype: str, endian: str | None, chunks: tuple[int, ...]
+) -> None:
+    n = 29
+    rng = np.random.default_rng(0)
+    data = (rng.standard_normal((n, 5, 3)) * 100).astype(dtype)
+    serializer = BytesCodec(endian=endian) if endian else BytesCodec()
+    z = _array(
+        tmp_path / "a.zarr",
+        data,
+        chunks,
+        compressors=COMPRESSORS[compressor],
+        serializer=serializer,
+    )
+    reader = ChunkReader.of(z, "a", strict=False)
+    assert reader is not None
+    for idx in _requests(n):
+        got = reader.read(idx)
+        assert got.dtype == data.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(got, data[idx])
+        np.testing.assert_array_equal(got, z.oindex[idx] if len(idx) else data[:0])
+
+
+def test_a_zarr_source_on_a_local_store_reads_in_the_calling_thread(tmp_path: Path) -> None:
+    data = np.arange(60, dtype=np.int32).reshape(20, 3)
+    source = ZarrSource(_array(tmp_path / "a.zarr", data, (6, 3)))
+    assert source.chunk_reader is not None
+    threads = []
+    opened = source.chunk_reader._chunk
+
+    def record(coords: tuple[int, ...]) -> np.ndarray:
+        threads.append(threading.current_thread())
+        return opened(coords)
+
+    source.chunk_reader._chunk = record  # type: ignore[method-assign]
+    np.testing.assert_array_equal(source.read(np.array([0, 7, 19], dtype=np.int64)), data[[0, 7, 19]])
+    assert threads == [threading.current_thread()] * 3
+
+
+def test_missing_chunks_read_as_the_fill_value_unless_strict(tmp_path: Path) -> None:
+    data = np.arange(40, dtype=np.float64).reshape(20, 2)
+    z = _array(tmp_path / "a.zarr", data, (5, 2), fill_value=-1.5)
+    shutil.rmtree(tmp_path / "a.zarr" / "c" / "1")  # rows 5-9
+    expected = data.copy()
+    expected[5:10] = -1.5
+    reader = ChunkReader.of(z, "a", strict=False)
+    assert reader is not None
+    np.testing.assert_array_equal(reader.read(np.arange(20, dtype=np.int64)), expected)
+    np.testing.assert_array_equal(z[...], expected)  # what Zarr itself returns
+    strict = ChunkReader.of(z, "a", strict=True)
+    assert strict is not None
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\) \(key 'c/1/0'\) .* missing"):
+        strict.read(np.array([7], dtype=np.int64))
+    np.testing.assert_array_equal(strict.read(np.array([0, 19], dtype=np.int64)), data[[0, 19]])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "checksum"])
+def test_a_damaged_chunk_is_a_corrupt_data_error_naming_it(tmp_path: Path, damage: str) -> None:
+    data = np.arange(4000, dtype=np.int64).reshape(1000, 4)
+    compressors = [ZstdCodec(), Crc32cCodec()] if damage == "checksum" else [ZstdCodec()]
+    z = _array(tmp_path / "a.zarr", data, (100, 4), compressors=compressors)
+    chunk = tmp_path / "a.zarr" / "c" / "3" / "0"
+    raw = bytearray(chunk.read_bytes())
+    if damage == "garbage":
+        raw[:] = b"\x00" * len(raw)
+    elif damage == "truncated":
+        raw = raw[: len(raw) // 2]
+    else:
+        raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    source = ZarrSource(z)
+    assert source.chunk_reader is not None
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(3, 0\) \(key 'c/3/0'\)"):
+        source.read(np.arange(250, 350, dtype=np.int64))
+    np.testing.assert_array_equal(source.read(np.arange(0, 300, dtype=np.int64)), data[:300])
+
+
+def test_uncommon_layouts_are_read_through_zarr(tmp_path: Path) -> None:
+    data = np.arange(96, dtype=np.float32).reshape(24, 4)
+    others = {
+        "sharded": _array(tmp_path / "s.zarr", data, (4, 4), shards=(8, 4)),
+        "transposed": _array(
+            tmp_path / "t.zarr", data, (4, 4), filters=[TransposeCodec(order=(1, 0))]
+        ),
+        "format 2": _array(tmp_path / "v2.zarr", data, (4, 4), zarr_format=2),
+        "in memory": zarr.create_array(
+            zarr.storage.MemoryStore(), shape=data.shape, dtype=data.dtype, chunks=(4, 4)
+        ),
+    }
+    others["in memory"][...] = data
+    for name, z in others.items():
+        assert ChunkReader.of(z, name, strict=False) is None, name
+        source = ZarrSource(z)
+        idx = np.array([0, 5, 6, 23], dtype=np.int64)
+        np.testing.assert_array_equal(source.read(idx), data[idx])
+
+
+def test_block_shuffle_over_local_zarr_returns_every_row_once(tmp_path: Path) -> None:
+    n = 3001
+    x = np.arange(n * 6, dtype=np.float32).reshape(n, 3, 2)
+    zx = _array(tmp_path / "x.zarr", x, (64, 2, 2), compressors=[ZstdCodec()])
+    zy = _array(tmp_path / "y.zarr", np.arange(n), (64,))
+    ds = af.from_arrays(zx, zy, batch_size=50, shuffle="block", seed=2)
+    seen = []
+    for xb, yb in ds:
+        np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
+        seen.append(yb.numpy())
+    assert sorted(np.concatenate(seen).tolist()) == list(range(n))
