@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ._plan import BlockOrder
-from ._read import BufferPool
-from ._sources import Source
+from ._read import BufferPool, native_dtype
+from ._sources import ReadRangeInto, Source
 
 __all__ = ["WindowCache"]
 
@@ -98,6 +98,11 @@ class WindowCache:
         for w, lo, hi in zip(stretch_window, bounds[:-1], bounds[1:], strict=True):
             np.take(buffers[w], packed[lo:hi], axis=0, out=out[lo:hi], mode="clip")
 
+    def prefetch(self, window: int) -> None:
+        """Read the blocks of ``window`` nobody reads yet (ahead of the groups that need it)."""
+        if 0 <= window < self.order.windows:
+            self._window(window)
+
     def _window(self, w: int) -> np.ndarray:
         with self._lock:
             window = self._windows.get(w)
@@ -118,7 +123,7 @@ class WindowCache:
     def _new_window(self, w: int) -> _Window:
         lo, hi = self.order.window_blocks(w)
         shape = (int((hi - lo).sum()), *self.source.shape[1:])
-        dtype = np.dtype(self.source.dtype)
+        dtype = native_dtype(self.source.dtype)
         buffer = self.pool.empty(shape, dtype) if self.pool is not None else np.empty(shape, dtype)
         return _Window(buffer, lo, hi)
 
@@ -136,7 +141,10 @@ class WindowCache:
         assert load is not None
         lo, hi, at = window.lo[i], window.hi[i], window.at[i]
         try:
-            window.buffer[at : at + hi - lo] = self.source.read(np.arange(lo, hi, dtype=np.int64))
+            if isinstance(self.source, ReadRangeInto):
+                self.source.read_range_into(lo, hi, window.buffer[at : at + hi - lo])
+            else:
+                window.buffer[at : at + hi - lo] = self.source.read(np.arange(lo, hi, dtype=np.int64))
         except BaseException as exc:
             with self._lock:
                 window.loads[i] = None  # the next reader of this window tries again

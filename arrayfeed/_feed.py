@@ -198,6 +198,8 @@ class Feed:
         todo = deque(self.groups(start_step))
         depth = self.num_threads + 1
         readers = self.readers(epoch)
+        caches = [r for r in readers if isinstance(r, WindowCache)]
+        warmed: set[int] = set()
         pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
         pending: deque[Future[Any]] = deque()
         try:
@@ -205,6 +207,13 @@ class Feed:
                 while todo and len(pending) < depth:
                     first, stop = todo.popleft()
                     pending.append(pool.submit(self.read_group, epoch, first, stop, readers))
+                    if caches:  # read the next window while groups are served from this one
+                        last = min(stop * self.plan.batch_size, self.plan.rows_per_epoch) - 1
+                        ahead = caches[0].order.window_at(last) + 1
+                        if ahead not in warmed:
+                            warmed.add(ahead)
+                            for cache in caches:
+                                pool.submit(cache.prefetch, ahead)
                 yield pending.popleft().result()
         finally:
             for future in pending:

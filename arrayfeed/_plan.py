@@ -247,6 +247,13 @@ class BlockOrder:
         lo, hi = self.rows_before_slot(np.array([window * self.width, (window + 1) * self.width]))
         return int(hi - lo)
 
+    def window_at(self, position: int) -> int:
+        """The window holding epoch position ``position``."""
+        window = position // (self.width * self.size)  # a lower bound
+        while int(self.rows_before_slot(np.array((window + 1) * self.width))) <= position:
+            window += 1
+        return window
+
     def window_blocks(self, window: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Storage row ranges ``[lo, hi)`` of the blocks of ``window``, in slot (packed) order."""
         slots = np.arange(
@@ -277,10 +284,8 @@ class BlockOrder:
         # Windows in which the first and last positions fall, and the first row of each window
         # between them: positions are ascending, so each window's are one slice.
         lo_pos, hi_pos = int(positions[0]), int(positions[-1])
-        per_window = self.width * self.size  # at least the rows of any window
-        first_w = lo_pos // per_window
-        while int(self.rows_before_slot(np.array((first_w + 1) * self.width))) <= lo_pos:
-            first_w += 1
+        per_window = self.width * self.size  # the rows of any window but the short ones
+        first_w = self.window_at(lo_pos)
         # Only the windows holding the two partial blocks are short, so the range spans fewer
         # than (its length // per_window) + 4 windows.
         spanned = min(self.windows - first_w, (hi_pos - lo_pos) // per_window + 4)

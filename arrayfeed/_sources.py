@@ -53,6 +53,7 @@ __all__ = [
     "H5ContiguousSource",
     "H5Source",
     "NpySource",
+    "ReadRangeInto",
     "Source",
     "ZarrSource",
     "as_source",
@@ -104,6 +105,14 @@ class GatherInto(Protocol):
     """Optional capability: gather rows in any order (duplicates allowed) into ``out``."""
 
     def gather_into(self, indices: Indices, out: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class ReadRangeInto(Protocol):
+    """Optional capability: read rows ``[start, stop)`` into ``out`` (C-contiguous, native byte
+    order), without an intermediate array."""
+
+    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None: ...
 
 
 @runtime_checkable
@@ -415,6 +424,9 @@ class H5Source:
             )
         return out
 
+    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        self.dataset.read_direct(out, np.s_[start:stop])
+
     @property
     def chunk_rows(self) -> int | None:
         """Rows per chunk along axis 0, or None for a contiguous dataset."""
@@ -472,6 +484,12 @@ class ZarrSource:
             raise
         except Exception as exc:  # a codec or store error: name the chunk
             raise zarr_read_error(self.array, self.name, indices, exc) from exc
+
+    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        if self.chunk_reader is not None:
+            self.chunk_reader.read(np.arange(start, stop, dtype=np.int64), out=out)
+        else:
+            out[...] = self.read(np.arange(start, stop, dtype=np.int64))
 
     def verify(self) -> None:
         """Raise :class:`CorruptDataError` if the array's metadata file changed since opening."""

@@ -105,9 +105,10 @@ class ChunkReader:
             strict=strict,
         )
 
-    def read(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
-        """Rows ``indices`` (sorted, unique) as a new array."""
-        out = np.empty((len(indices), *self.shape[1:]), dtype=self.dtype.newbyteorder("="))
+    def read(self, indices: npt.NDArray[np.int64], out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``indices`` (sorted, unique), in ``out`` if given, else in a new array."""
+        if out is None:
+            out = np.empty((len(indices), *self.shape[1:]), dtype=self.dtype.newbyteorder("="))
         if not len(indices):
             return out
         rows_per_chunk = self.chunks[0]

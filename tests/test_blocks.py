@@ -9,6 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import tensorflow as tf
 import zarr
 
 import arrayfeed as af
@@ -203,3 +204,58 @@ def test_block_shuffle_on_real_chunked_files_stays_aligned(tmp_path: Path) -> No
         orders.append(order)
     assert not np.array_equal(orders[0], orders[1])
     assert not np.array_equal(orders[0], np.arange(n))
+
+
+class RangeReading(CountingChunked):
+    """A chunked source that reads whole ranges straight into the caller's buffer."""
+
+    def __init__(self, array: np.ndarray, chunk_rows: int) -> None:
+        super().__init__(array, chunk_rows)
+        self.ranges: list[tuple[int, int]] = []
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        raise AssertionError("whole blocks are read with read_range_into")
+
+    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        self.ranges.append((start, stop))
+        out[...] = self.array[start:stop]
+
+
+def test_blocks_are_read_straight_into_the_window_buffer() -> None:
+    a = np.arange(120).reshape(60, 2)
+    src = RangeReading(a, 10)
+    cache = WindowCache(src, order(60, 10, 3), capacity=4)
+    idx = np.random.default_rng(1).permutation(60).astype(np.int64)
+    out = np.empty((60, 2), dtype=a.dtype)
+    cache.gather_into(idx, out)
+    np.testing.assert_array_equal(out, a[idx])
+    assert sorted(src.ranges) == [(lo, lo + 10) for lo in range(0, 60, 10)]
+
+
+@pytest.mark.parametrize("store", ["hdf5", "zarr", "zarr sharded"])
+def test_block_shuffle_of_big_endian_chunked_storage_is_exact(tmp_path: Path, store: str) -> None:
+    n = 1500
+    x = (np.arange(n * 6, dtype=">f8") * 1.5).reshape(n, 2, 3)
+    if store == "hdf5":
+        with h5py.File(tmp_path / "x.h5", "w") as f:
+            f.create_dataset("x", data=x, chunks=(32, 1, 3), compression="lzf")
+        leaf: object = h5py.File(tmp_path / "x.h5", "r")["x"]
+    else:
+        shards = {"shards": (64, 2, 3)} if store == "zarr sharded" else {}
+        z = zarr.create_array(
+            tmp_path / "x.zarr",
+            shape=x.shape,
+            dtype=x.dtype,
+            chunks=(32, 1, 3),
+            serializer=zarr.codecs.BytesCodec(endian="big"),
+            **shards,  # type: ignore[arg-type]
+        )
+        z[...] = x
+        leaf = zarr.open_array(tmp_path / "x.zarr", mode="r")
+    ds = af.from_arrays(leaf, np.arange(n), batch_size=64, shuffle="block", seed=5)
+    seen = []
+    for xb, yb in ds:
+        assert xb.dtype == tf.float64
+        np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
+        seen.append(yb.numpy())
+    assert sorted(np.concatenate(seen).tolist()) == list(range(n))
