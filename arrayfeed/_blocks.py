@@ -9,14 +9,18 @@ layout), keeps the most recently used windows up to a capacity, and serves any r
 with one vectorised gather from that buffer.
 
 Reader threads share the work: a thread that needs a window claims, one at a time, the blocks
-nobody is reading yet and reads them, then waits for those other threads are reading. Every
-block is read by one thread, and a window is loaded by as many threads as need it at once.
+nobody is reading yet and reads them, then waits for the blocks other threads are reading. Every
+block is read by one thread, and a window is loaded by as many threads as need it at once. When
+another thread's read fails, a waiting thread reads that block again itself, so a group fails
+only on an error of its own read.
+
+Windows are used in increasing order within an epoch, so when the cache is full the
+lowest-numbered window goes (a window read ahead is never evicted for an older one).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any
 
@@ -40,6 +44,15 @@ class _Window:
         self.loads: list[Future[None] | None] = [None] * len(self.lo)
 
 
+def _succeeded(load: Future[None]) -> bool:
+    """Wait for ``load``; whether it read its block (a failed one is claimed again)."""
+    try:
+        load.result()
+    except BaseException:
+        return False
+    return True
+
+
 class WindowCache:
     """A read-through cache of whole windows of ``source`` for one epoch's ``order``.
 
@@ -54,7 +67,7 @@ class WindowCache:
         self.order = order
         self.capacity = max(1, capacity)
         self.pool = pool
-        self._windows: OrderedDict[int, _Window] = OrderedDict()
+        self._windows: dict[int, _Window] = {}
         self._lock = threading.Lock()
         self.loads = 0  # blocks read from storage, for tests and benchmarks
 
@@ -96,7 +109,10 @@ class WindowCache:
         stretch_window = run_window[np.concatenate(([0], cuts))].tolist()
         buffers = {w: self._window(w) for w in dict.fromkeys(stretch_window)}
         for w, lo, hi in zip(stretch_window, bounds[:-1], bounds[1:], strict=True):
-            np.take(buffers[w], packed[lo:hi], axis=0, out=out[lo:hi], mode="clip")
+            rows = packed[lo:hi]
+            if int(rows.min()) < 0 or int(rows.max()) >= len(buffers[w]):  # never: a plan bug
+                raise RuntimeError(f"rows {indices[lo:hi]} are not all in window {w}")
+            np.take(buffers[w], rows, axis=0, out=out[lo:hi], mode="clip")  # unbuffered
 
     def prefetch(self, window: int) -> None:
         """Read the blocks of ``window`` nobody reads yet (ahead of the groups that need it)."""
@@ -110,15 +126,15 @@ class WindowCache:
                 window = self._new_window(w)
                 self._windows[w] = window
                 while len(self._windows) > self.capacity:
-                    self._windows.popitem(last=False)
-            else:
-                self._windows.move_to_end(w)
-        while (i := self._claim(window)) is not None:
-            self._load(window, i)
-        for load in window.loads:
-            assert load is not None
-            load.result()
-        return window.buffer
+                    del self._windows[min(self._windows)]
+        while True:
+            while (i := self._claim(window)) is not None:
+                self._load(window, i)
+            with self._lock:
+                loads = list(window.loads)
+            if all(load is not None and _succeeded(load) for load in loads):
+                return window.buffer
+            # A block is unclaimed again (another thread's read failed): go back and read it.
 
     def _new_window(self, w: int) -> _Window:
         lo, hi = self.order.window_blocks(w)

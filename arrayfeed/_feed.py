@@ -112,12 +112,11 @@ class Feed:
         return BufferPool(capacity=2 * (self.num_threads + 5) * leaves)
 
     def _new_window_pool(self) -> BufferPool:
-        # Window buffers of every chunked leaf: those a cache holds, plus one per reader thread
-        # that may still be gathering from an evicted one.
+        # Window buffers of every chunked leaf, as many as a cache holds.
         if self.plan.shuffle != "block":
             return BufferPool(capacity=0)
         chunked = [s for s in self.sources if chunked_rows(s)]
-        windows = self._cache_windows + self.num_threads
+        windows = self._cache_windows  # windows still read after eviction get new buffers
         per_window = self.plan.block_rows * self.plan.window_blocks * row_bytes(chunked)
         return BufferPool(capacity=windows * len(chunked), max_bytes=windows * per_window)
 

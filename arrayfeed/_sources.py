@@ -473,23 +473,28 @@ class ZarrSource:
         return self.shape[0] if self.shape else 0
 
     def read(self, indices: Indices) -> np.ndarray:
+        return self._read(indices, None)
+
+    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        self._read(np.arange(start, stop, dtype=np.int64), out)
+
+    def _read(self, indices: Indices, out: np.ndarray | None) -> np.ndarray:
         try:
             if self.chunk_reader is not None:
-                return self.chunk_reader.read(indices)
+                return self.chunk_reader.read(indices, out=out)
             run = _run_bounds(indices)
             if run is not None:
-                return np.asarray(self.array[run[0] : run[1]])
-            return np.asarray(self.array.oindex[indices])
+                data = np.asarray(self.array[run[0] : run[1]])
+            else:
+                data = np.asarray(self.array.oindex[indices])
         except (ArrayfeedError, MemoryError):
             raise
         except Exception as exc:  # a codec or store error: name the chunk
             raise zarr_read_error(self.array, self.name, indices, exc) from exc
-
-    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        if self.chunk_reader is not None:
-            self.chunk_reader.read(np.arange(start, stop, dtype=np.int64), out=out)
-        else:
-            out[...] = self.read(np.arange(start, stop, dtype=np.int64))
+        if out is None:
+            return data
+        out[...] = data
+        return out
 
     def verify(self) -> None:
         """Raise :class:`CorruptDataError` if the array's metadata file changed since opening."""

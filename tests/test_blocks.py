@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -86,16 +87,33 @@ def test_a_gather_across_windows_keeps_the_request_order() -> None:
     np.testing.assert_array_equal(out, idx)
 
 
-def test_capacity_evicts_least_recently_used_windows() -> None:
+def test_a_full_cache_evicts_its_earliest_window() -> None:
     src = CountingChunked(np.arange(50), 10)
     o = order(50, 10, 1)  # one block per window
-    window_of = {b: int(o.locate(np.array([b]))[0][0]) for b in range(5)}
+    block_of = {int(o.locate(np.array([b]))[0][0]): b for b in range(5)}
     cache = WindowCache(src, o, capacity=2)
-    by_window = {w: b for b, w in window_of.items()}
-    for w in [0, 1, 0, 2, 0, 1]:
-        cache.read(np.array([by_window[w] * 10], dtype=np.int64))
-    # 0 and 1 loaded; 0 kept hot; 2 evicts 1; 0 still there; 1 loaded again.
-    assert [lo // 10 for lo, _ in src.reads] == [by_window[w] for w in [0, 1, 2, 1]]
+    for w in [0, 1, 2, 1, 3, 2, 0]:
+        cache.read(np.array([block_of[w] * 10], dtype=np.int64))
+    # Windows come in increasing order; one read ahead (2 while 1 is in use) is never evicted
+    # for an older one: 2 evicts 0, 3 evicts 1, and only a return to 0 reads it again.
+    assert [lo // 10 for lo, _ in src.reads] == [block_of[w] for w in [0, 1, 2, 3, 0]]
+
+
+@pytest.mark.parametrize("threads, batch", [(2, 32), (4, 8), (3, 50)])
+def test_reading_ahead_reads_every_block_once_per_epoch(
+    threads: int, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("arrayfeed._plan.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._plan.WINDOW_BYTES", 3 * 64 * 8)  # windows of three blocks
+    monkeypatch.setattr("arrayfeed._feed.GROUP_BYTES", 2 * batch * 8)  # groups of two batches
+    n = 64 * 40 + 17
+    src = CountingChunked(np.arange(n), 64)
+    ds = af.from_arrays(src, batch_size=batch, shuffle="block", seed=3, num_threads=threads)
+    for _ in range(2):
+        src.reads.clear()
+        rows = np.concatenate([b.numpy() for b in ds])
+        assert sorted(rows.tolist()) == list(range(n))
+        assert len(src.reads) == len(set(src.reads)) == -(-n // 64)
 
 
 def test_threads_share_a_window_and_wait_for_blocks_in_flight() -> None:
@@ -139,6 +157,30 @@ def test_a_failed_read_is_raised_and_not_cached() -> None:
         cache.read(np.array([3], dtype=np.int64))
     assert cache.read(np.array([3, 15], dtype=np.int64)).tolist() == [3, 15]
     assert cache.loads == 2
+
+
+def test_a_thread_waiting_on_a_failed_read_reads_the_block_itself() -> None:
+    failed = threading.Event()
+    src = CountingChunked(np.arange(20), 10)
+    inner_read = src.read
+
+    def fail_first_read_of_block_0(indices: np.ndarray) -> np.ndarray:
+        if int(indices[0]) == 0 and not failed.is_set():
+            time.sleep(0.2)  # the other thread is waiting for this read meanwhile
+            failed.set()
+            raise OSError("disk hiccup")
+        return inner_read(indices)
+
+    src.read = fail_first_read_of_block_0  # type: ignore[method-assign]
+    cache = WindowCache(src, order(20, 10, 2), capacity=4)  # one window of both blocks
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(cache.read, np.array([3], dtype=np.int64))
+        time.sleep(0.05)
+        second = pool.submit(cache.read, np.array([3, 15], dtype=np.int64))
+        with pytest.raises(OSError, match="disk hiccup"):
+            first.result()
+        assert second.result().tolist() == [3, 15]  # its own read of block 0, not the error
+    assert sorted(src.reads) == [(0, 10), (10, 20)]
 
 
 @pytest.mark.parametrize("count", [1, 3])
