@@ -1,12 +1,13 @@
-"""Reading rows of a local Zarr v3 array chunk by chunk, in the calling thread.
+"""Reading rows of a local Zarr array chunk by chunk, in the calling thread.
 
 zarr-python 3 runs every read on its own event loop thread and hands file reads and decoding to
 further threads. Each hand-over needs the GIL, and while a training loop holds it each one can
 wait a whole switch interval (5 ms): measured on this project's benchmark data, reading an
 uncompressed store took 0.49 s alone and 14 s next to a thread spinning in Python. For the common
-case, an unsharded array in a local directory with a ``bytes`` serializer and standard
-compressors, :class:`ChunkReader` reads chunk files and decodes them in the reader thread
-(``numcodecs`` releases the GIL while it decompresses), with the semantics of Zarr's own reads:
+case, an unsharded array in a local directory (Zarr v3 with a ``bytes`` serializer and standard
+compressors, or Zarr v2 in C order without filters), :class:`ChunkReader` reads chunk files and
+decodes them in the reader thread (``numcodecs`` releases the GIL while it decompresses), with the
+semantics of Zarr's own reads:
 missing chunks are the fill value, or an error when the store is strict.
 :meth:`ChunkReader.of` returns None for anything else, and the caller reads through Zarr.
 """
@@ -51,8 +52,36 @@ def _decoder(spec: dict[str, Any]) -> Decoder | None:
     return None
 
 
+def _v3_layout(
+    array: zarr.Array[Any], dtype: np.dtype[Any]
+) -> tuple[np.dtype[Any], list[Decoder]] | None:
+    """Stored dtype and decoders (in decoding order) of a Zarr v3 array, if this module can run
+    them: a ``bytes`` serializer, no array-to-array codecs, known compressors."""
+    meta: Any = array.metadata  # ArrayV3Metadata
+    codecs: list[dict[str, Any]] = [dict(codec.to_dict()) for codec in meta.codecs]
+    if not codecs or codecs[0].get("name") != "bytes":
+        return None  # array-to-array codecs (transpose) or another serializer
+    endian = (codecs[0].get("configuration") or {}).get("endian")
+    if dtype.itemsize > 1:
+        dtype = dtype.newbyteorder("<" if endian in (None, "little") else ">")
+    decoders = [_decoder(spec) for spec in codecs[1:]]
+    if any(d is None for d in decoders):
+        return None
+    return dtype, [d for d in reversed(decoders) if d is not None]
+
+
+def _v2_layout(array: zarr.Array[Any]) -> tuple[np.dtype[Any], list[Decoder]] | None:
+    """Stored dtype and decoder of a Zarr v2 array in C order without filters: its compressor
+    is a ``numcodecs`` codec already."""
+    meta: Any = array.metadata  # ArrayV2Metadata
+    if meta.filters or meta.order != "C":
+        return None
+    stored = np.dtype(meta.dtype.to_native_dtype())  # the byte order written in .zarray
+    return stored, [meta.compressor.decode] if meta.compressor is not None else []
+
+
 class ChunkReader:
-    """Rows of one local, unsharded Zarr v3 array, read and decoded in the calling thread."""
+    """Rows of one local, unsharded Zarr array, read and decoded in the calling thread."""
 
     def __init__(
         self,
@@ -77,30 +106,24 @@ class ChunkReader:
     @classmethod
     def of(cls, array: zarr.Array[Any], name: str, strict: bool) -> ChunkReader | None:
         """A reader for ``array``, or None when its storage or codecs need Zarr's own reads."""
-        meta = array.metadata
         store = unwrap_store(array.store)
-        if meta.zarr_format != 3 or not isinstance(store, LocalStore) or array.shards is not None:
+        if not isinstance(store, LocalStore) or array.shards is not None or not array.shape:
             return None
         dtype = np.dtype(array.dtype)
-        if dtype.hasobject or dtype.kind in "USVMm" or not array.shape:
+        if dtype.hasobject or dtype.kind in "USVMm" or array.fill_value is None:
             return None
-        codecs: list[dict[str, Any]] = [dict(codec.to_dict()) for codec in meta.codecs]
-        if not codecs or codecs[0].get("name") != "bytes":
-            return None  # array-to-array codecs (transpose) or another serializer
-        endian = (codecs[0].get("configuration") or {}).get("endian")
-        if dtype.itemsize > 1:
-            dtype = dtype.newbyteorder("<" if endian in (None, "little") else ">")
-        decoders = [_decoder(spec) for spec in codecs[1:]]
-        if any(d is None for d in decoders):
+        layout = _v3_layout(array, dtype) if array.metadata.zarr_format == 3 else _v2_layout(array)
+        if layout is None:
             return None
+        stored, decoders = layout
         return cls(
             root=Path(store.root) / str(array.path),
             shape=tuple(int(n) for n in array.shape),
             chunks=tuple(int(c) for c in array.chunks),
-            dtype=dtype,
+            dtype=stored,
             fill_value=array.fill_value,
-            decoders=[d for d in reversed(decoders) if d is not None],
-            key=meta.encode_chunk_key,
+            decoders=decoders,
+            key=array.metadata.encode_chunk_key,
             name=name,
             strict=strict,
         )

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import pytest
 import zarr
@@ -77,6 +78,45 @@ def test_reads_the_same_rows_as_zarr(
         np.testing.assert_array_equal(got, z.oindex[idx] if len(idx) else data[:0])
 
 
+V2_COMPRESSORS: dict[str, Any] = {
+    "none": None,
+    "zstd": numcodecs.Zstd(),
+    "blosc": numcodecs.Blosc(),
+    "gzip": numcodecs.GZip(),
+    "lz4": numcodecs.LZ4(),
+}
+
+
+@pytest.mark.parametrize("compressor", sorted(V2_COMPRESSORS))
+@pytest.mark.parametrize("dtype", ["<f4", ">i2", "u1", "?", "<c8"])
+@pytest.mark.parametrize("separator", [".", "/"])
+def test_reads_the_same_rows_as_zarr_from_format_2(
+    tmp_path: Path, compressor: str, dtype: str, separator: str
+) -> None:
+    n = 23
+    data = (np.random.default_rng(1).standard_normal((n, 5, 3)) * 50).astype(dtype)
+    z = _array(
+        tmp_path / "a.zarr",
+        data,
+        (4, 2, 3),
+        zarr_format=2,
+        compressors=V2_COMPRESSORS[compressor],
+        chunk_key_encoding={"name": "v2", "separator": separator},
+    )
+    reader = ChunkReader.of(z, "a", strict=False)
+    assert reader is not None
+    for idx in _requests(n):
+        np.testing.assert_array_equal(reader.read(idx), data[idx])
+    missing = tmp_path / "a.zarr" / ("2.1.0" if separator == "." else "2/1/0")
+    missing.unlink()  # rows 8-11, columns 2-3
+    expected = z[...]  # Zarr's own fill
+    np.testing.assert_array_equal(reader.read(np.arange(n, dtype=np.int64)), expected)
+    strict = ChunkReader.of(z, "a", strict=True)
+    assert strict is not None
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(2, 1, 0\) .* is missing"):
+        strict.read(np.array([9], dtype=np.int64))
+
+
 def test_a_zarr_source_on_a_local_store_reads_in_the_calling_thread(tmp_path: Path) -> None:
     data = np.arange(60, dtype=np.int32).reshape(20, 3)
     source = ZarrSource(_array(tmp_path / "a.zarr", data, (6, 3)))
@@ -138,7 +178,11 @@ def test_uncommon_layouts_are_read_through_zarr(tmp_path: Path) -> None:
         "transposed": _array(
             tmp_path / "t.zarr", data, (4, 4), filters=[TransposeCodec(order=(1, 0))]
         ),
-        "format 2": _array(tmp_path / "v2.zarr", data, (4, 4), zarr_format=2),
+        "format 2 in F order": _array(tmp_path / "f.zarr", data, (4, 4), zarr_format=2, order="F"),
+        "format 2 with filters": _array(
+            tmp_path / "d.zarr", data, (4, 4), zarr_format=2, filters=[numcodecs.Delta("<f4")]
+        ),
+        "no fill value": _array(tmp_path / "n.zarr", data, (4, 4), zarr_format=2, fill_value=None),
         "in memory": zarr.create_array(
             zarr.storage.MemoryStore(), shape=data.shape, dtype=data.dtype, chunks=(4, 4)
         ),
