@@ -242,11 +242,6 @@ class BlockOrder:
         """Number of windows."""
         return -(-self.count // self.width)
 
-    def window_rows(self, window: int) -> int:
-        """Rows in ``window`` (every row of its blocks)."""
-        lo, hi = self.rows_before_slot(np.array([window * self.width, (window + 1) * self.width]))
-        return int(hi - lo)
-
     def window_at(self, position: int) -> int:
         """The window holding epoch position ``position``."""
         window = position // (self.width * self.size)  # a lower bound

@@ -99,9 +99,16 @@ class ChunkReader:
         self.fill_value, self.decoders, self.key = fill_value, list(decoders), key
         self.name, self.strict = name, strict
         self._chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * dtype.itemsize
-        # Chunk coordinates along every axis but the first.
+        # Chunk coordinates along every axis but the first, the region of a row each covers, and
+        # the part of the chunk that lies inside the array.
         grid = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
-        self._rest = list(itertools.product(*grid))
+        self._rest: list[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]] = []
+        for rest in itertools.product(*grid):
+            region = tuple(
+                slice(i * size, min((i + 1) * size, n))
+                for i, size, n in zip(rest, chunks[1:], shape[1:], strict=True)
+            )
+            self._rest.append((rest, region, tuple(slice(0, r.stop - r.start) for r in region)))
 
     @classmethod
     def of(cls, array: zarr.Array[Any], name: str, strict: bool) -> ChunkReader | None:
@@ -145,13 +152,8 @@ class ChunkReader:
                 if int(local[-1]) - int(local[0]) + 1 == len(local)
                 else local
             )
-            for rest in self._rest:
+            for rest, region, inner in self._rest:
                 chunk = self._chunk((c, *rest))
-                region = tuple(
-                    slice(i * size, min((i + 1) * size, n))
-                    for i, size, n in zip(rest, self.chunks[1:], self.shape[1:], strict=True)
-                )
-                inner = tuple(slice(0, r.stop - r.start) for r in region)
                 out[(slice(a, b), *region)] = chunk[(rows, *inner)]
         return out
 
