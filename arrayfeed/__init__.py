@@ -8,8 +8,8 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._bench import BenchReport, bench
-from ._convert import ConversionRecord, convert, written_by_arrayfeed
+from ._conversion.convert import ConversionRecord, convert, written_by_arrayfeed
+from ._conversion.inspect import InspectReport, inspect
 from ._errors import (
     ArrayfeedError,
     ConfigError,
@@ -23,14 +23,14 @@ from ._errors import (
     SourceUnavailableError,
     StructureError,
 )
-from ._inspect import InspectReport, inspect
-from ._shard import Shard
-from ._sources import Chunked, GatherInto, Source, open_array
+from ._pipeline.bench import BenchReport, bench
+from ._pipeline.shard import Shard
+from ._storage.sources import Chunked, GatherInto, Source, open_array
 
 if TYPE_CHECKING:
-    from ._dataset import from_arrays
-    from ._distribute import distribute, distributed_steps
-    from ._keras import ResumeCallback
+    from ._pipeline.dataset import from_arrays
+    from ._pipeline.distribute import distribute, distributed_steps
+    from ._pipeline.keras import ResumeCallback
 
 __version__ = "0.1.0.dev0"
 
@@ -39,15 +39,15 @@ def __getattr__(name: str) -> Any:
     # TensorFlow is imported on first use of `from_arrays` (or `distribute`), so that the CLI and
     # conversion (which do not need it) start fast.
     if name == "from_arrays":
-        from ._dataset import from_arrays
+        from ._pipeline.dataset import from_arrays
 
         return from_arrays
     if name in ("distribute", "distributed_steps"):
-        from . import _distribute
+        from ._pipeline import distribute as _distribute
 
         return getattr(_distribute, name)
     if name == "ResumeCallback":
-        from ._keras import ResumeCallback
+        from ._pipeline.keras import ResumeCallback
 
         return ResumeCallback
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")

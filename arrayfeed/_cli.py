@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from ._convert import convert
+from ._conversion.convert import convert
+from ._conversion.inspect import inspect
+from ._conversion.layout import COMPRESSIONS, format_bytes
 from ._errors import ArrayfeedError, ConfigError
-from ._inspect import inspect
-from ._layout import COMPRESSIONS, format_bytes
 
 __all__ = ["COMMANDS", "build_parser", "main", "parse_assignments"]
 
@@ -173,7 +173,7 @@ def _add_bench(subparsers: SubParsers) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from ._bench import arrays_at, bench
+    from ._pipeline.bench import arrays_at, bench
 
     report = bench(arrays_at(args.paths), batch_size=args.batch_size, seconds=args.seconds)
     print(report.format())

@@ -39,8 +39,8 @@ from zarr.codecs import BloscCodec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 import arrayfeed as af
-from arrayfeed._atomic import fsync_tree
-from arrayfeed._layout import CHUNK_TARGET_BYTES, block_rows, choose_chunk_rows
+from arrayfeed._conversion.atomic import fsync_tree
+from arrayfeed._conversion.layout import CHUNK_TARGET_BYTES, block_rows, choose_chunk_rows
 
 MB = 1e6
 BATCH = 256

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from arrayfeed import _atomic
-from arrayfeed._atomic import (
+from arrayfeed._conversion import atomic as _atomic
+from arrayfeed._conversion.atomic import (
     ASIDE,
     Workspace,
     clean_stale,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._bench import BenchReport, _advise, arrays_at
-from arrayfeed._sources import ArraySource
+from arrayfeed._pipeline.bench import BenchReport, _advise, arrays_at
+from arrayfeed._storage.sources import ArraySource
 
 
 def test_bench_measures_every_mode(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ import tensorflow as tf
 import zarr
 
 import arrayfeed as af
-from arrayfeed._blocks import WindowCache
-from arrayfeed._plan import BlockOrder, Plan
+from arrayfeed._pipeline.blocks import WindowCache
+from arrayfeed._pipeline.plan import BlockOrder, Plan
 
 
 class CountingChunked:
@@ -103,9 +103,9 @@ def test_a_full_cache_evicts_its_earliest_window() -> None:
 def test_reading_ahead_reads_every_block_once_per_epoch(
     threads: int, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._plan.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._plan.WINDOW_BYTES", 3 * 64 * 8)  # windows of three blocks
-    monkeypatch.setattr("arrayfeed._feed.GROUP_BYTES", 2 * batch * 8)  # groups of two batches
+    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.WINDOW_BYTES", 3 * 64 * 8)  # windows of three blocks
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * batch * 8)  # groups of two batches
     n = 64 * 40 + 17
     src = CountingChunked(np.arange(n), 64)
     ds = af.from_arrays(src, batch_size=batch, shuffle="block", seed=3, num_threads=threads)
@@ -187,7 +187,7 @@ def test_a_thread_waiting_on_a_failed_read_reads_the_block_itself() -> None:
 def test_block_shuffle_reads_every_block_once_per_epoch(
     count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._plan.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
+    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
     n, chunk = 1003, 50
     data = np.arange(n)
     per_worker = []

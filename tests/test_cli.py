@@ -17,7 +17,7 @@ import zarr
 
 import arrayfeed as af
 from arrayfeed._cli import main, parse_assignments
-from arrayfeed._convert import TEST_HOOK_ENV
+from arrayfeed._conversion.convert import TEST_HOOK_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ def test_missing_output_option(capsys: pytest.CaptureFixture[str], data: Path) -
 def test_unexpected_errors_have_no_traceback(
     capsys: pytest.CaptureFixture[str], data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from arrayfeed import _convert
+    from arrayfeed._conversion import convert as _convert
 
     def boom(*args: object) -> None:
         raise RuntimeError("boom")

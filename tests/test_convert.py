@@ -21,8 +21,8 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed import _convert
-from arrayfeed._convert import MARKER, TEST_HOOK_ENV, ConversionRecord
+from arrayfeed._conversion import convert as _convert
+from arrayfeed._conversion.convert import MARKER, TEST_HOOK_ENV, ConversionRecord
 
 from .conftest import subprocess_env
 
@@ -369,7 +369,7 @@ def test_stale_workspace_of_a_dead_process_is_removed(tmp_path: Path) -> None:
 
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    from arrayfeed._atomic import _host
+    from arrayfeed._conversion.atomic import _host
 
     stale = tmp_path / f".o.h5.arrayfeed-{_host()}-{proc.pid}-0123abcd"
     stale.mkdir()
@@ -437,7 +437,7 @@ def test_failure_keeps_the_previous_output(
 def test_input_errors_are_not_blamed_on_the_destination(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from arrayfeed import _inputs
+    from arrayfeed._conversion import inputs as _inputs
 
     def unreadable(*args: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", "x.npy")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from arrayfeed._shard import ENV_VARIABLES
+from arrayfeed._pipeline.shard import ENV_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_VARS = ENV_VARIABLES

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._feed import Feed
-from arrayfeed._plan import Plan
-from arrayfeed._sources import ArraySource
-from arrayfeed._structure import flatten
+from arrayfeed._pipeline.feed import Feed
+from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.structure import flatten
+from arrayfeed._storage.sources import ArraySource
 
 
 def _feed(n: int = 50, batch: int = 8, drop: bool = False, **kwargs: object) -> Feed:
@@ -77,7 +77,7 @@ def test_abandoned_epoch_shuts_its_threads_down() -> None:
 def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("arrayfeed._feed.GROUP_BYTES", 1 << 20)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1 << 20)
     n = 200  # batches of 128 rows of 12 KiB: 1.5 MiB, more than a group
     images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
     leaves, treedef = flatten((images, np.arange(n)), lambda v: isinstance(v, np.ndarray))

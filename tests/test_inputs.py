@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import zarr
 
+from arrayfeed._conversion.inputs import NpzMemberSource, Parts, open_input, split_spec
 from arrayfeed._errors import ConfigError, DtypeError, ShapeError, SourceNotFoundError
-from arrayfeed._inputs import NpzMemberSource, Parts, open_input, split_spec
-from arrayfeed._sources import ArraySource
+from arrayfeed._storage.sources import ArraySource
 
 
 @pytest.mark.parametrize(
@@ -154,6 +154,6 @@ def test_open_input_names_the_input(tmp_path: Path) -> None:
 def test_doctests() -> None:
     import doctest
 
-    from arrayfeed import _inputs
+    from arrayfeed._conversion import inputs as _inputs
 
     assert doctest.testmod(_inputs, optionflags=doctest.ELLIPSIS).failed == 0

@@ -144,6 +144,6 @@ def test_not_inspectable(tmp_path: Path) -> None:
 def test_doctests() -> None:
     import doctest
 
-    from arrayfeed import _inspect
+    from arrayfeed._conversion import inspect as _inspect
 
     assert doctest.testmod(_inspect, optionflags=doctest.ELLIPSIS).failed == 0

@@ -15,7 +15,7 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._integrity import (
+from arrayfeed._storage.integrity import (
     Fingerprint,
     StrictStore,
     Verifiable,
@@ -25,7 +25,7 @@ from arrayfeed._integrity import (
     verify_sources,
     zarr_marked_complete,
 )
-from arrayfeed._sources import ArraySource, H5Source, NpySource, ZarrSource
+from arrayfeed._storage.sources import ArraySource, H5Source, NpySource, ZarrSource
 
 
 def test_fingerprint_changes(tmp_path: Path) -> None:

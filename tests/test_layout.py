@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arrayfeed._errors import ConfigError
-from arrayfeed._layout import (
+from arrayfeed._conversion.layout import (
     CHUNK_TARGET_BYTES,
     ArrayLayout,
     assess,
@@ -15,6 +14,7 @@ from arrayfeed._layout import (
     normalize_compression,
     row_nbytes,
 )
+from arrayfeed._errors import ConfigError
 
 TARGET = CHUNK_TARGET_BYTES["hdf5"]
 
@@ -136,6 +136,6 @@ def test_notes_and_missing_chunks() -> None:
 def test_doctests() -> None:
     import doctest
 
-    from arrayfeed import _layout
+    from arrayfeed._conversion import layout as _layout
 
     assert doctest.testmod(_layout, optionflags=doctest.ELLIPSIS).failed == 0

@@ -18,7 +18,7 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._resume import feeds_of
+from arrayfeed._pipeline.resume import feeds_of
 
 from . import _workers
 from .conftest import REPO_ROOT

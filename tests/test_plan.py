@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._permutation import permute
-from arrayfeed._plan import Plan, shard_bounds
+from arrayfeed._pipeline.permutation import permute
+from arrayfeed._pipeline.plan import Plan, shard_bounds
 
 
 def _epoch(plan: Plan, epoch: int) -> np.ndarray:

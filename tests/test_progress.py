@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from arrayfeed._progress import Progress
+from arrayfeed._conversion.progress import Progress
 
 
 class FakeTerminal(io.StringIO):
@@ -41,6 +41,6 @@ def test_forced_on_and_throttled() -> None:
 def test_doctests() -> None:
     import doctest
 
-    from arrayfeed import _progress
+    from arrayfeed._conversion import progress as _progress
 
     assert doctest.testmod(_progress, optionflags=doctest.ELLIPSIS).failed == 0

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import arrayfeed as af
-from arrayfeed._feed import Feed
-from arrayfeed._resume import check_position, feeds_of
-from arrayfeed._sources import ArraySource
+from arrayfeed._pipeline.feed import Feed
+from arrayfeed._pipeline.resume import check_position, feeds_of
+from arrayfeed._storage.sources import ArraySource
 
 N = 103  # prime: batches and shards never divide evenly
 EPOCHS = 4

@@ -12,8 +12,8 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._read import read_rows
-from arrayfeed._sources import (
+from arrayfeed._pipeline.read import read_rows
+from arrayfeed._storage.sources import (
     ArraySource,
     GatherInto,
     H5ContiguousSource,

@@ -25,8 +25,8 @@ import tensorflow as tf
 import zarr
 
 import arrayfeed as af
-from arrayfeed._plan import Plan, shard_bounds
-from arrayfeed._sources import ZarrSource
+from arrayfeed._pipeline.plan import Plan, shard_bounds
+from arrayfeed._storage.sources import ZarrSource
 
 from .conftest import subprocess_env
 

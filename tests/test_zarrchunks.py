@@ -21,8 +21,8 @@ from zarr.codecs import (
 )
 
 import arrayfeed as af
-from arrayfeed._sources import ZarrSource
-from arrayfeed._zarrchunks import ChunkReader
+from arrayfeed._storage.sources import ZarrSource
+from arrayfeed._storage.zarrchunks import ChunkReader
 
 COMPRESSORS: dict[str, Any] = {
     "none": None,

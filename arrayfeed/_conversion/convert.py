@@ -36,16 +36,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, GzipCodec
 
-from ._atomic import (
-    Interrupts,
-    Workspace,
-    clean_stale,
-    deferred_interrupts,
-    fsync_dir,
-    fsync_tree,
-    publish,
-)
-from ._errors import (
+from .._errors import (
     ArrayfeedError,
     ConfigError,
     CorruptDataError,
@@ -54,17 +45,26 @@ from ._errors import (
     ShapeError,
     SourceNotFoundError,
 )
-from ._inputs import InputLike, Parts, open_input
-from ._layout import (
+from .._pipeline.permutation import derive_key, permute
+from .._storage.sources import ArraySource
+from .atomic import (
+    Interrupts,
+    Workspace,
+    clean_stale,
+    deferred_interrupts,
+    fsync_dir,
+    fsync_tree,
+    publish,
+)
+from .inputs import InputLike, Parts, open_input
+from .layout import (
     CHUNK_TARGET_BYTES,
     block_rows,
     choose_chunk_rows,
     format_bytes,
     normalize_compression,
 )
-from ._permutation import derive_key, permute
-from ._progress import Progress
-from ._sources import ArraySource
+from .progress import Progress
 
 __all__ = ["MARKER", "TEST_HOOK_ENV", "ConversionRecord", "convert", "written_by_arrayfeed"]
 
@@ -619,7 +619,7 @@ class _Conversion:
                     if self.pause is not None:
                         time.sleep(self.pause)
                         interrupts.checkpoint()
-            from . import __version__
+            from .. import __version__
 
             record = ConversionRecord(
                 version=__version__,

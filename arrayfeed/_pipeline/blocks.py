@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._plan import BlockOrder
-from ._read import BufferPool, native_dtype
-from ._sources import ReadRangeInto, Source
+from .._storage.sources import ReadRangeInto, Source
+from .plan import BlockOrder
+from .read import BufferPool, native_dtype
 
 __all__ = ["WindowCache"]
 

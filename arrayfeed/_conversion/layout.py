@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = [
     "BLOCK_TARGET_BYTES",

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 if TYPE_CHECKING:
-    from ._feed import Feed
+    from .feed import Feed
 
 __all__ = ["check_position", "feeds_of", "register"]
 

@@ -38,9 +38,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import ConfigError
-from ._permutation import derive_key, invert, permute
-from ._shard import Shard
+from .._errors import ConfigError
+from .permutation import derive_key, invert, permute
+from .shard import Shard
 
 __all__ = [
     "BLOCK_BYTES",

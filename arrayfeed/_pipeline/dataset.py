@@ -12,13 +12,20 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import tensorflow as tf
 
-from ._errors import ConfigError, ShapeError, StructureError
-from ._feed import Feed
-from ._plan import Plan, ShuffleMode, block_layout
-from ._resume import check_position, register
-from ._shard import Shard
-from ._sources import Source, as_source, check_feedable, chunked_rows, is_array_like, row_bytes
-from ._structure import Treedef, flatten
+from .._errors import ConfigError, ShapeError, StructureError
+from .._storage.sources import (
+    Source,
+    as_source,
+    check_feedable,
+    chunked_rows,
+    is_array_like,
+    row_bytes,
+)
+from .feed import Feed
+from .plan import Plan, ShuffleMode, block_layout
+from .resume import check_position, register
+from .shard import Shard
+from .structure import Treedef, flatten
 
 __all__ = ["from_arrays"]
 

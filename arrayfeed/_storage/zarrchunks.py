@@ -25,8 +25,8 @@ import numpy.typing as npt
 import zarr
 from zarr.storage import LocalStore
 
-from ._errors import CorruptDataError
-from ._integrity import corrupt_chunk_error, missing_chunk_error, unwrap_store
+from .._errors import CorruptDataError
+from .integrity import corrupt_chunk_error, missing_chunk_error, unwrap_store
 
 __all__ = ["ChunkReader"]
 

@@ -15,8 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ConfigError
-from ._sources import Source, as_source, check_feedable, chunked_rows, open_array, row_bytes
+from .._errors import ConfigError
+from .._storage.sources import (
+    Source,
+    as_source,
+    check_feedable,
+    chunked_rows,
+    open_array,
+    row_bytes,
+)
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
 
@@ -52,7 +59,7 @@ class BenchReport:
 def _timed_pass(
     x: dict[str, Source], batch_size: int, shuffle: bool | str, seconds: float
 ) -> float:
-    from ._dataset import from_arrays
+    from .dataset import from_arrays
 
     ds = from_arrays(x, batch_size=batch_size, shuffle=shuffle, seed=0, shard=None)
     first_key = sorted(x)[0]
@@ -174,7 +181,7 @@ def arrays_at(specs: list[str]) -> dict[str, Source]:
     import h5py
     import zarr
 
-    from ._inputs import split_spec
+    from .._conversion.inputs import split_spec
 
     arrays: dict[str, Source] = {}
     for spec in specs:

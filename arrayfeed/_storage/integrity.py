@@ -35,7 +35,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, WrapperStore
 
-from ._errors import ArrayfeedError, CorruptDataError, SourceUnavailableError
+from .._errors import ArrayfeedError, CorruptDataError, SourceUnavailableError
 
 __all__ = [
     "Fingerprint",

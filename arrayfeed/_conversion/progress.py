@@ -7,7 +7,7 @@ import time
 from types import TracebackType
 from typing import TextIO
 
-from ._layout import format_bytes
+from .layout import format_bytes
 
 __all__ = ["Progress"]
 

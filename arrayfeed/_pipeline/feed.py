@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from ._blocks import WindowCache
-from ._errors import DtypeError, MapBatchError, StructureError
-from ._integrity import verify_sources
-from ._plan import Plan
-from ._read import BufferPool, native_dtype, read_rows
-from ._resume import check_position
-from ._sources import Source, chunked_rows, row_bytes
-from ._structure import Treedef, flatten
+from .._errors import DtypeError, MapBatchError, StructureError
+from .._storage.integrity import verify_sources
+from .._storage.sources import Source, chunked_rows, row_bytes
+from .blocks import WindowCache
+from .plan import Plan
+from .read import BufferPool, native_dtype, read_rows
+from .resume import check_position
+from .structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads"]
 

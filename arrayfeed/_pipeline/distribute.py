@@ -13,8 +13,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from ._dataset import _positive_int, from_arrays
-from ._errors import ConfigError
+from .._errors import ConfigError
+from .dataset import _positive_int, from_arrays
 
 __all__ = ["distribute", "distributed_steps"]
 

@@ -18,11 +18,11 @@ import h5py
 import numpy as np
 import zarr
 
-from ._convert import ConversionRecord, written_by_arrayfeed
-from ._errors import SourceNotFoundError
-from ._inputs import NpzMemberSource
-from ._layout import ArrayLayout, assess, format_bytes
-from ._sources import NpySource
+from .._errors import SourceNotFoundError
+from .._storage.sources import NpySource
+from .convert import ConversionRecord, written_by_arrayfeed
+from .inputs import NpzMemberSource
+from .layout import ArrayLayout, assess, format_bytes
 
 __all__ = ["InspectReport", "inspect"]
 

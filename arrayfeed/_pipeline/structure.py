@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import StructureError
+from .._errors import StructureError
 
 __all__ = ["Treedef", "flatten"]
 

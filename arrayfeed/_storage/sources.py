@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import zarr
 
-from ._errors import (
+from .._errors import (
     ArrayfeedError,
     CorruptDataError,
     DtypeError,
@@ -33,7 +33,7 @@ from ._errors import (
     SourceNotFoundError,
     SourceUnavailableError,
 )
-from ._integrity import (
+from .integrity import (
     Fingerprint,
     check_h5_filters,
     h5_fingerprint,
@@ -44,7 +44,7 @@ from ._integrity import (
     zarr_marked_complete,
     zarr_read_error,
 )
-from ._zarrchunks import ChunkReader
+from .zarrchunks import ChunkReader
 
 __all__ = [
     "ArraySource",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError
+from .._errors import ConfigError
 
 __all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "Shard"]
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._sources import GatherInto, Source
+from .._storage.sources import GatherInto, Source
 
 __all__ = ["ALIGNMENT", "BufferPool", "aligned_empty", "native_dtype", "read_rows"]
 

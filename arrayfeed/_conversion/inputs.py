@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import zarr
 
-from ._errors import (
+from .._errors import (
     ArrayfeedError,
     ConfigError,
     CorruptDataError,
@@ -41,8 +41,8 @@ from ._errors import (
     ShapeError,
     SourceNotFoundError,
 )
-from ._read import native_dtype
-from ._sources import (
+from .._pipeline.read import native_dtype
+from .._storage.sources import (
     ArraySource,
     GatherInto,
     H5Source,

@@ -19,8 +19,8 @@ from typing import Any
 
 import keras
 
-from ._errors import ConfigError
-from ._resume import feeds_of
+from .._errors import ConfigError
+from .resume import feeds_of
 
 __all__ = ["ResumeCallback"]
 
