@@ -8,7 +8,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from ._conversion.convert import ConversionRecord, convert, written_by_arrayfeed
+from ._conversion.convert import convert
 from ._conversion.inspect import InspectReport, inspect
 from ._errors import (
     ArrayfeedError,
@@ -25,14 +25,21 @@ from ._errors import (
 )
 from ._pipeline.bench import BenchReport, bench
 from ._pipeline.shard import Shard
-from ._storage.sources import Chunked, GatherInto, Source, open_array
+from ._storage import (
+    Chunked,
+    ConversionRecord,
+    GatherInto,
+    Source,
+    open_array,
+    written_by_arrayfeed,
+)
+from ._version import __version__
 
 if TYPE_CHECKING:
     from ._pipeline.dataset import from_arrays
     from ._pipeline.distribute import distribute, distributed_steps
     from ._pipeline.keras import ResumeCallback
 
-__version__ = "0.1.0.dev0"
 
 
 def __getattr__(name: str) -> Any:

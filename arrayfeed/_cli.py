@@ -22,6 +22,7 @@ from ._conversion.convert import convert
 from ._conversion.inspect import inspect
 from ._conversion.layout import COMPRESSIONS, format_bytes
 from ._errors import ArrayfeedError, ConfigError
+from ._version import __version__
 
 __all__ = ["COMMANDS", "build_parser", "main", "parse_assignments"]
 
@@ -203,8 +204,6 @@ COMMANDS: list[Callable[[SubParsers], None]] = [_add_convert, _add_inspect, _add
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``arrayfeed`` argument parser with every subcommand of :data:`COMMANDS`."""
-    from . import __version__
-
     parser = _Parser(
         prog="arrayfeed",
         description="Tools for the arrays arrayfeed feeds to tf.data: convert, inspect, bench.",

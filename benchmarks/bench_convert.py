@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import arrayfeed as af
 from arrayfeed._conversion.atomic import fsync_tree
-from arrayfeed._conversion.layout import CHUNK_TARGET_BYTES, block_rows, choose_chunk_rows
+from arrayfeed._conversion.layout import CHUNK_TARGET_BYTES, choose_chunk_rows, slab_rows
 
 MB = 1e6
 BATCH = 256
@@ -95,7 +95,7 @@ def plain_copy(
     row_bytes = sum(a[0].nbytes for a in arrays.values())
     fmt = "hdf5" if output.suffix == ".h5" else "zarr"
     chunk = choose_chunk_rows(row_bytes, n, target_bytes=CHUNK_TARGET_BYTES[fmt])
-    step = block_rows(chunk, row_bytes, n)
+    step = slab_rows(chunk, row_bytes, n)
     if output.suffix == ".h5":
         with h5py.File(output, "w") as f:
             dsets = {}

@@ -17,7 +17,7 @@ import zarr
 
 import arrayfeed as af
 from arrayfeed._cli import main, parse_assignments
-from arrayfeed._conversion.convert import TEST_HOOK_ENV
+from arrayfeed._conversion.copy import TEST_HOOK_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,12 +196,12 @@ def test_missing_output_option(capsys: pytest.CaptureFixture[str], data: Path) -
 def test_unexpected_errors_have_no_traceback(
     capsys: pytest.CaptureFixture[str], data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from arrayfeed._conversion import convert as _convert
+    from arrayfeed._conversion import copy as _copy
 
     def boom(*args: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(_convert, "_write_block", boom)
+    monkeypatch.setattr(_copy, "write_rows", boom)
     code, _, stderr = run(capsys, "convert", f"x={data}/x.npy", "-o", str(data / "o.h5"), "-q")
     assert code == 1 and stderr.startswith("arrayfeed: error: unexpected RuntimeError: boom")
     assert stderr.count("\n") == 1 and "o.h5" not in listing(data)

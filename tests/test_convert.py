@@ -22,7 +22,9 @@ import zarr
 
 import arrayfeed as af
 from arrayfeed._conversion import convert as _convert
-from arrayfeed._conversion.convert import MARKER, TEST_HOOK_ENV, ConversionRecord
+from arrayfeed._conversion import copy as _copy
+from arrayfeed._conversion.copy import TEST_HOOK_ENV
+from arrayfeed._storage import MARKER, ConversionRecord
 
 from .conftest import subprocess_env
 
@@ -383,7 +385,7 @@ def test_stale_workspace_of_a_dead_process_is_removed(tmp_path: Path) -> None:
 
 def fail_after(calls: int, exc: BaseException) -> Callable[..., None]:
     """A block writer that writes ``calls`` blocks, then raises ``exc``."""
-    real = _convert._write_block
+    real = _copy.write_rows
     count = [0]
 
     def write(*args: Any) -> None:
@@ -401,7 +403,7 @@ def test_full_disk_leaves_nothing(
 ) -> None:
     monkeypatch.setenv(TEST_HOOK_ENV, "0")  # several blocks
     monkeypatch.setattr(
-        _convert, "_write_block", fail_after(3, OSError(errno.ENOSPC, "No space left on device"))
+        _copy, "write_rows", fail_after(3, OSError(errno.ENOSPC, "No space left on device"))
     )
     with pytest.raises(
         af.DestinationError, match=r"no space left on the device of .*; nothing was written"
@@ -416,7 +418,7 @@ def test_full_disk_from_hdf5_message(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "Can't write data (file write failed: errno = 28, "
         "error message = 'No space left on device')"
     )
-    monkeypatch.setattr(_convert, "_write_block", fail_after(0, h5_error))
+    monkeypatch.setattr(_copy, "write_rows", fail_after(0, h5_error))
     with pytest.raises(af.DestinationError, match="no space left"):
         af.convert({"x": np.ones((10, 8))}, tmp_path / "o.h5", progress=False)
     assert listing(tmp_path) == []
@@ -428,7 +430,7 @@ def test_failure_keeps_the_previous_output(
 ) -> None:
     out = tmp_path / output
     af.convert({"x": np.arange(5)}, out, progress=False)
-    monkeypatch.setattr(_convert, "_write_block", fail_after(0, OSError(errno.ENOSPC, "full")))
+    monkeypatch.setattr(_copy, "write_rows", fail_after(0, OSError(errno.ENOSPC, "full")))
     with pytest.raises(af.DestinationError):
         af.convert({"x": np.arange(10)}, out, overwrite=True, progress=False)
     assert read(out, "x").tolist() == list(range(5)) and listing(tmp_path) == [output]
@@ -461,7 +463,7 @@ def test_full_disk_while_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             handle.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space"))
         return handle
 
-    monkeypatch.setattr(_convert, "open", full_disk_open, raising=False)
+    monkeypatch.setattr(_copy, "open", full_disk_open, raising=False)
     with pytest.raises(af.DestinationError, match="no space left"):
         af.convert({"x": f"{tmp_path}/in.h5:x"}, tmp_path / "o.zarr", shuffle=True, progress=False)
     assert listing(tmp_path) == ["in.h5"]
@@ -472,7 +474,7 @@ def test_full_disk_while_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_exceptions_and_interrupts_leave_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str, exc: BaseException
 ) -> None:
-    monkeypatch.setattr(_convert, "_write_block", fail_after(1, exc))
+    monkeypatch.setattr(_copy, "write_rows", fail_after(1, exc))
     with pytest.raises(type(exc)):
         af.convert(
             {"x": np.ones((1000, 8)), "y": np.arange(1000)}, tmp_path / output, progress=False
@@ -484,12 +486,12 @@ def test_exceptions_and_interrupts_leave_nothing(
 def test_verification_catches_a_bad_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str
 ) -> None:
-    real = _convert._write_block
+    real = _copy.write_rows
 
     def corrupt(writer: Any, name: str, start: int, rows: np.ndarray) -> None:
         real(writer, name, start, rows + 1)
 
-    monkeypatch.setattr(_convert, "_write_block", corrupt)
+    monkeypatch.setattr(_copy, "write_rows", corrupt)
     with pytest.raises(
         af.CorruptDataError,
         match=r"verifying the converted copy failed: `x` reads back with CRC-32",

@@ -11,7 +11,7 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
-from arrayfeed._storage.sources import ArraySource
+from arrayfeed._storage.memory import ArraySource
 
 
 def _feed(n: int = 50, batch: int = 8, drop: bool = False, **kwargs: object) -> Feed:

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import zarr
 
-from arrayfeed._conversion.inputs import NpzMemberSource, Parts, open_input, split_spec
+from arrayfeed._conversion.inputs import Parts, open_input
 from arrayfeed._errors import ConfigError, DtypeError, ShapeError, SourceNotFoundError
-from arrayfeed._storage.sources import ArraySource
+from arrayfeed._storage import split_spec
+from arrayfeed._storage.memory import ArraySource
+from arrayfeed._storage.npy import NpzMemberSource
 
 
 @pytest.mark.parametrize(

@@ -15,17 +15,13 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._storage.integrity import (
-    Fingerprint,
-    StrictStore,
-    Verifiable,
-    check_h5_filters,
-    h5_fingerprint,
-    memmap_fingerprint,
-    verify_sources,
-    zarr_marked_complete,
-)
-from arrayfeed._storage.sources import ArraySource, H5Source, NpySource, ZarrSource
+from arrayfeed._storage import Verifiable, verify_sources
+from arrayfeed._storage.fingerprint import Fingerprint, memmap_fingerprint
+from arrayfeed._storage.hdf5 import H5Source, h5_fingerprint
+from arrayfeed._storage.hdf5 import check_filters as check_h5_filters
+from arrayfeed._storage.memory import ArraySource
+from arrayfeed._storage.npy import NpySource
+from arrayfeed._storage.zarr import StrictStore, ZarrSource, zarr_marked_complete
 
 
 def test_fingerprint_changes(tmp_path: Path) -> None:

@@ -6,15 +6,14 @@ import pytest
 
 from arrayfeed._conversion.layout import (
     CHUNK_TARGET_BYTES,
-    ArrayLayout,
     assess,
-    block_rows,
     choose_chunk_rows,
     format_bytes,
     normalize_compression,
-    row_nbytes,
+    slab_rows,
 )
 from arrayfeed._errors import ConfigError
+from arrayfeed._storage import ArrayLayout, row_nbytes
 
 TARGET = CHUNK_TARGET_BYTES["hdf5"]
 
@@ -58,7 +57,7 @@ def test_choose_chunk_rows_rejects_nonpositive() -> None:
 def test_block_rows(
     chunk_rows: int, row_bytes: int, n_rows: int, target: int, expected: int
 ) -> None:
-    assert block_rows(chunk_rows, row_bytes, n_rows, target_bytes=target) == expected
+    assert slab_rows(chunk_rows, row_bytes, n_rows, target_bytes=target) == expected
 
 
 def test_row_nbytes_and_format_bytes() -> None:

@@ -254,10 +254,10 @@ def test_plan_errors(kwargs: dict, match: str) -> None:  # type: ignore[type-arg
 @pytest.mark.parametrize(
     ("count", "index", "match"),
     [
-        (0, 0, "at least 1"),
+        (0, 0, "must be a positive int"),
         (3, 3, r"in \[0, 3\)"),
         (3, -1, r"in \[0, 3\)"),
-        (2.0, 0, "must be an int"),
+        (2.0, 0, "must be a positive int"),
         (2, True, "must be an int"),
     ],
 )

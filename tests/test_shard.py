@@ -26,11 +26,11 @@ WORKERS_3 = {"worker": ["h:1", "h:2", "h:3"]}
 @pytest.mark.parametrize(
     ("count", "index", "match"),
     [
-        (0, 0, "count` must be at least 1"),
-        (2, 2, r"index` must be in \[0, 2\)"),
-        (2, -1, r"index` must be in \[0, 2\)"),
-        (2.0, 0, "count` must be an int"),
-        (True, 0, "count` must be an int"),
+        (0, 0, "count` must be a positive int"),
+        (2, 2, r"index` must be an int in \[0, 2\)"),
+        (2, -1, r"index` must be an int in \[0, 2\)"),
+        (2.0, 0, "count` must be a positive int"),
+        (True, 0, "count` must be a positive int"),
         (2, "1", "index` must be an int"),
     ],
 )

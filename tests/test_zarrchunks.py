@@ -21,7 +21,7 @@ from zarr.codecs import (
 )
 
 import arrayfeed as af
-from arrayfeed._storage.sources import ZarrSource
+from arrayfeed._storage.zarr import ZarrSource
 from arrayfeed._storage.zarrchunks import ChunkReader
 
 COMPRESSORS: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Inputs of a conversion: what each name reads from, and reading them a block of rows at a time.
+"""Inputs of a conversion: what each name reads from, and reading them a run of rows at a time.
 
 One name maps to one or more *parts* concatenated along axis 0. A part is an array-like (NumPy
 array, ``np.memmap``, ``h5py.Dataset``, ``zarr.Array``, or what :func:`arrayfeed.open_array`
@@ -19,175 +19,42 @@ bounded memory.
 
 from __future__ import annotations
 
-import contextlib
 import glob as globlib
 import os
 import re
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
-import h5py
 import numpy as np
 import numpy.typing as npt
-import zarr
 
-from .._errors import (
-    ArrayfeedError,
-    ConfigError,
-    CorruptDataError,
-    DtypeError,
-    ShapeError,
-    SourceNotFoundError,
-)
-from .._pipeline.read import native_dtype
-from .._storage.sources import (
-    ArraySource,
+from .._dtypes import check_feedable, native_dtype
+from .._errors import ArrayfeedError, ConfigError, DtypeError, ShapeError, SourceNotFoundError
+from .._storage import (
+    Closeable,
     GatherInto,
-    H5Source,
-    NpySource,
+    RunReader,
     Source,
-    ZarrSource,
     as_source,
-    check_feedable,
-    open_array,
+    is_array_like,
+    open_for_copy,
+    split_spec,
 )
 
-__all__ = ["InputLike", "NpzMemberSource", "Parts", "open_input", "split_spec"]
+__all__ = ["InputLike", "Parts", "open_input", "read_run"]
 
-InputLike: TypeAlias = (
-    "np.ndarray | h5py.Dataset | zarr.Array[Any] | Source | str | os.PathLike[str]"
-)
+#: An array-like (NumPy array, ``h5py.Dataset``, ``zarr.Array``, a Source), a path or a spec.
+InputLike: TypeAlias = "np.ndarray | Source | str | os.PathLike[str] | Any"
 
-_CONTAINER_RE = re.compile(
-    r"^(?P<path>.+?\.(?:npy|npz|h5|hdf5|he5|hdf|zarr))(?::(?P<key>.*))?$", re.I
-)
 _GLOB_RE = re.compile(r"[*?\[]")
-
-
-def split_spec(spec: str) -> tuple[str, str | None]:
-    """Split an input spec ``path[:key]`` into its path and key (None when absent).
-
-    >>> split_spec("data/train.h5:images")
-    ('data/train.h5', 'images')
-    >>> split_spec("x.npy")
-    ('x.npy', None)
-    >>> split_spec("shards/*.zarr:group/x")
-    ('shards/*.zarr', 'group/x')
-    """
-    match = _CONTAINER_RE.match(spec)
-    if match is not None:
-        return match["path"], match["key"] or None
-    if ":" in spec:
-        path, _, key = spec.rpartition(":")
-        return path, key or None
-    return spec, None
-
-
-class NpzMemberSource:
-    """One array of a ``.npz`` archive, read from the archive member as a stream of rows."""
-
-    def __init__(self, path: Path, key: str | None) -> None:
-        self.path = path
-        try:
-            with zipfile.ZipFile(path) as zf:
-                members = [n[:-4] for n in zf.namelist() if n.endswith(".npy")]
-                if key is None and len(members) == 1:
-                    key = members[0]
-                if key not in members:
-                    raise SourceNotFoundError(
-                        f"'{path}' has no array {key!r}; it holds {members}. Name one as "
-                        f"'{path}:KEY'."
-                    )
-                with zf.open(f"{key}.npy") as f:
-                    version = np.lib.format.read_magic(f)
-                    if version == (1, 0):
-                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                    else:
-                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                    self._offset = f.tell()
-        except SourceNotFoundError:
-            raise
-        except (zipfile.BadZipFile, OSError, ValueError, KeyError) as exc:
-            raise CorruptDataError(f"'{path}' is not a readable .npz file ({exc}).") from None
-        if dtype.hasobject:
-            raise DtypeError(f"'{path}:{key}' holds Python objects; save it with a numeric dtype.")
-        self.key = str(key)
-        self.name = f"{path}:{key}"
-        self._shape = tuple(int(n) for n in shape)
-        self._dtype = np.dtype(dtype)
-        self._fortran = bool(fortran) and len(self._shape) > 1
-        self._row_bytes = int(np.prod(self._shape[1:], dtype=np.int64)) * self._dtype.itemsize
-        self._zip: zipfile.ZipFile | None = None
-        self._file: Any = None
-        self._whole: np.ndarray | None = None
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return self._dtype
-
-    def __len__(self) -> int:
-        return self._shape[0] if self._shape else 0
-
-    def read_run(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start:stop``; cheapest when runs come in increasing order."""
-        if self._fortran:  # rows are not contiguous in a Fortran-order member: load it once
-            if self._whole is None:
-                with np.load(self.path, allow_pickle=False) as npz:
-                    self._whole = np.ascontiguousarray(npz[self.key])
-            return self._whole[start:stop]
-        if self._file is None:
-            self._zip = zipfile.ZipFile(self.path)
-            self._file = self._zip.open(f"{self.key}.npy")
-        nbytes = (stop - start) * self._row_bytes
-        self._file.seek(self._offset + start * self._row_bytes)
-        data = self._file.read(nbytes)
-        if len(data) != nbytes:
-            raise CorruptDataError(
-                f"'{self.name}' is truncated: rows {start}:{stop} are beyond its data; "
-                "re-create it."
-            )
-        return np.frombuffer(data, dtype=self._dtype).reshape((stop - start, *self._shape[1:]))
-
-    def read(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
-        if not len(indices):
-            return np.empty((0, *self._shape[1:]), self._dtype)
-        first, last = int(indices[0]), int(indices[-1])
-        rows = self.read_run(first, last + 1)
-        if last - first + 1 == len(indices):
-            return np.array(rows)
-        return np.take(rows, indices - first, axis=0)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        if self._zip is not None:
-            self._zip.close()
-        self._file = self._zip = self._whole = None
 
 
 def read_run(source: Source, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of ``source`` (a view where the backend allows)."""
-    if isinstance(source, ArraySource):
-        return source.array[start:stop]
-    if isinstance(source, H5Source):
-        return np.asarray(source.dataset[start:stop])
-    if isinstance(source, ZarrSource):
-        return np.asarray(source.array[start:stop])
-    if isinstance(source, NpzMemberSource):
+    if isinstance(source, RunReader):
         return source.read_run(start, stop)
     return source.read(np.arange(start, stop, dtype=np.int64))
-
-
-def _open_path(path: Path, key: str | None) -> Source:
-    if path.suffix.lower() == ".npz" and path.is_file():
-        return NpzMemberSource(path, key)
-    return open_array(path, key)
 
 
 def _expand(spec: str) -> list[tuple[Path, str | None]]:
@@ -279,8 +146,10 @@ class Parts:
             if not mask.any():
                 continue
             local = indices[mask] - self.offsets[p]
-            if isinstance(source, ArraySource):
-                out[mask] = np.take(source.array, local, axis=0)
+            if isinstance(source, GatherInto):
+                rows = np.empty((len(local), *self.row_shape), source.dtype)
+                source.gather_into(local, rows)
+                out[mask] = rows
             else:
                 order = np.argsort(local, kind="stable")
                 rows = source.read(local[order])
@@ -296,19 +165,17 @@ class Parts:
 
 
 def _close(source: Source) -> None:
-    if isinstance(source, NpzMemberSource):
+    if isinstance(source, Closeable):
         source.close()
-    elif isinstance(source, H5Source):
-        with contextlib.suppress(Exception):  # closing is best effort
-            source.dataset.file.close()
 
 
 def _label(name: str, i: int, count: int, source: Source) -> str:
     """How messages name part ``i`` of ``count``: with its file, when it has one."""
     if count == 1:
         return name
-    if isinstance(source, (NpySource, H5Source, ZarrSource, NpzMemberSource)):
-        return f"{name}[{i}] ({source.name})"
+    stored = getattr(source, "name", None)  # file-backed sources are named after their file
+    if isinstance(stored, str) and stored not in (name, "array"):
+        return f"{name}[{i}] ({stored})"
     return f"{name}[{i}]"
 
 
@@ -324,16 +191,14 @@ def open_input(name: str, value: Any) -> Parts:
         for item in items:
             if isinstance(item, str):
                 for path, key in _expand(item):
-                    source = _open_path(path, key)
+                    source = open_for_copy(path, key)
                     sources.append(source)
                     owned.append(source)
             elif isinstance(item, os.PathLike):
-                source = _open_path(Path(item), None)
+                source = open_for_copy(Path(item), None)
                 sources.append(source)
                 owned.append(source)
-            elif isinstance(item, (np.ndarray, h5py.Dataset, zarr.Array, Source)) or hasattr(
-                item, "__array__"
-            ):
+            elif is_array_like(item):
                 sources.append(as_source(item, where))
             else:
                 raise ConfigError(

@@ -8,26 +8,16 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import h5py
-import numpy as np
-import zarr
-
-from .._errors import SourceNotFoundError
-from .._storage.sources import NpySource
-from .convert import ConversionRecord, written_by_arrayfeed
-from .inputs import NpzMemberSource
-from .layout import ArrayLayout, assess, format_bytes
+from .._storage import ArrayLayout, ConversionRecord, describe
+from .layout import assess, format_bytes
 
 __all__ = ["InspectReport", "inspect"]
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
-_H5_FILTERS = {2: "shuffle", 3: "fletcher32", 4: "szip", 6: "scaleoffset", 32000: "lzf"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,166 +120,20 @@ def inspect(path: str | os.PathLike[str]) -> InspectReport:
     >>> report.fixes[0].split(" -o ")[0].endswith("data.h5:x")
     True
     """
+    info = describe(path)
     p = Path(os.path.expanduser(os.fspath(path)))
-    if not os.path.lexists(p):
-        raise SourceNotFoundError(f"nothing at '{p}'; check the path.")
-    record: ConversionRecord | None = None
-    specs: dict[str, str] = {}
-    if p.is_dir():
-        fmt, layouts, record, specs = _zarr(p)
-        ext = ".zarr"
-    elif p.suffix.lower() == ".npy":
-        source = NpySource(p)
-        layouts = [
-            ArrayLayout(
-                name="",
-                shape=source.shape,
-                dtype=source.dtype,
-                chunks=None,
-                stored_bytes=p.stat().st_size,
-            )
-        ]
-        fmt, ext, specs = ".npy", ".h5", {"": str(p)}
-    elif p.suffix.lower() == ".npz":
-        fmt, layouts, specs = ".npz", *_npz(p)
-        ext = ".h5"
-    elif h5py.is_hdf5(p):
-        fmt, layouts, record, specs = _hdf5(p)
-        ext = p.suffix if p.suffix.lower() in (".h5", ".hdf5") else ".h5"
-    else:
-        raise SourceNotFoundError(
-            f"'{p}' is not an HDF5 file, Zarr store, .npy or .npz file, which is what arrayfeed "
-            "can inspect."
-        )
+    layouts = list(info.arrays)
     problems, notes = assess(layouts)
-    fixes = _fixes(p, ext, layouts, specs) if problems else []
+    fixes = _fixes(p, info.convert_suffix, layouts, info.specs) if problems else []
     return InspectReport(
         path=p,
-        format=fmt,
+        format=info.format,
         arrays=tuple(layouts),
         problems=tuple(problems),
         notes=tuple(notes),
         fixes=tuple(fixes),
-        record=record,
+        record=info.record,
     )
-
-
-def _hdf5(path: Path) -> tuple[str, list[ArrayLayout], ConversionRecord | None, dict[str, str]]:
-    layouts: list[ArrayLayout] = []
-    specs: dict[str, str] = {}
-    with h5py.File(path, "r") as f:
-        record = written_by_arrayfeed(f)
-        datasets: list[h5py.Dataset] = []
-        f.visititems(lambda _, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)
-        for ds in datasets:
-            name = ds.name.lstrip("/")
-            layouts.append(
-                ArrayLayout(
-                    name=name,
-                    shape=ds.shape,
-                    dtype=ds.dtype,
-                    chunks=ds.chunks,
-                    compression=_h5_filters(ds),
-                    stored_bytes=int(ds.id.get_storage_size()),
-                )
-            )
-            specs[name] = f"{path}:{name}"
-    return "HDF5", layouts, record, specs
-
-
-def _h5_filters(ds: h5py.Dataset) -> str:
-    plist = ds.id.get_create_plist()
-    names = []
-    for i in range(plist.get_nfilters()):
-        code, _flags, values, label = plist.get_filter(i)
-        if code == 1:
-            names.append(f"gzip({values[0] if len(values) else '?'})")
-        elif code in _H5_FILTERS:
-            names.append(_H5_FILTERS[code])
-        else:
-            text = label.decode(errors="replace") if isinstance(label, bytes) else str(label)
-            names.append(f"{text or 'filter'} (#{code})")
-    return "+".join(names) or "none"
-
-
-def _zarr(path: Path) -> tuple[str, list[ArrayLayout], ConversionRecord | None, dict[str, str]]:
-    try:
-        node = zarr.open(store=str(path), mode="r")
-    except Exception as exc:  # zarr raises several unrelated types for a non-store directory
-        raise SourceNotFoundError(
-            f"'{path}' is a directory but not a Zarr store ({exc})."
-        ) from None
-    record: ConversionRecord | None = None
-    if isinstance(node, zarr.Group):
-        record = written_by_arrayfeed(node)
-        arrays = sorted(
-            (name, member)
-            for name, member in node.members(max_depth=None)
-            if isinstance(member, zarr.Array)
-        )
-        fmt = f"Zarr v{node.metadata.zarr_format}"
-    else:
-        arrays = [("", node)]
-        fmt = f"Zarr v{node.metadata.zarr_format}"
-    strict = record is not None and record.complete
-    layouts = []
-    specs = {}
-    for name, array in arrays:
-        layouts.append(
-            ArrayLayout(
-                name=name,
-                shape=array.shape,
-                dtype=np.dtype(array.dtype),
-                chunks=array.chunks,
-                compression=_zarr_codecs(array),
-                stored_bytes=int(array.nbytes_stored()),
-                missing_chunks=int(array.nchunks - array.nchunks_initialized),
-                strict=strict,
-            )
-        )
-        specs[name] = f"{path}:{name}" if name else str(path)
-    return fmt, layouts, record, specs
-
-
-def _zarr_codecs(array: Any) -> str:
-    names = []
-    for codec in array.compressors:
-        label = (
-            getattr(codec, "codec_id", None) or type(codec).__name__.removesuffix("Codec").lower()
-        )
-        detail = [
-            str(getattr(codec, attr))
-            for attr in ("cname", "clevel", "level")
-            if hasattr(codec, attr)
-        ]
-        detail = [d.rsplit(".", 1)[-1] for d in detail]
-        names.append(f"{label}({','.join(detail)})" if detail else str(label))
-    return "+".join(names) or "none"
-
-
-def _npz(path: Path) -> tuple[list[ArrayLayout], dict[str, str]]:
-    layouts = []
-    specs = {}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = {i.filename[:-4]: i for i in zf.infolist() if i.filename.endswith(".npy")}
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise SourceNotFoundError(f"'{path}' is not a readable .npz file ({exc}).") from None
-    for key, info in infos.items():
-        member = NpzMemberSource(path, key)
-        layouts.append(
-            ArrayLayout(
-                name=key,
-                shape=member.shape,
-                dtype=member.dtype,
-                chunks=None,
-                compression="deflate" if info.compress_type == zipfile.ZIP_DEFLATED else "none",
-                stored_bytes=info.compress_size,
-                loads_whole=True,
-            )
-        )
-        specs[key] = f"{path}:{key}"
-    return layouts, specs
 
 
 def _cli_name(name: str, fallback: str) -> str:
@@ -301,7 +145,7 @@ def _cli_name(name: str, fallback: str) -> str:
 
 
 def _fixes(
-    path: Path, ext: str, layouts: Sequence[ArrayLayout], specs: dict[str, str]
+    path: Path, ext: str, layouts: Sequence[ArrayLayout], specs: Mapping[str, str]
 ) -> list[str]:
     """One ``arrayfeed convert`` command per group of arrays of the same length."""
     groups: dict[int, list[ArrayLayout]] = {}

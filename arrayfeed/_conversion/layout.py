@@ -31,45 +31,35 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
-
-import numpy as np
 
 from .._errors import ConfigError
+from .._storage import ArrayLayout
 
 __all__ = [
-    "BLOCK_TARGET_BYTES",
+    "SLAB_BYTES",
     "CHUNK_TARGET_BYTES",
     "COMPRESSIONS",
     "HUGE_CHUNK_BYTES",
     "TINY_CHUNK_BYTES",
-    "ArrayLayout",
     "assess",
-    "block_rows",
     "choose_chunk_rows",
     "format_bytes",
     "normalize_compression",
-    "row_nbytes",
+    "slab_rows",
 ]
 
 #: Default most bytes in one chunk of rows, summed over the arrays of a store, per format.
 CHUNK_TARGET_BYTES: Mapping[str, int] = MappingProxyType({"hdf5": 256 << 10, "zarr": 1 << 20})
-#: Bytes of rows (summed over arrays) that ``convert`` reads and writes at a time: whole chunks,
-#: at least one chunk. This bounds the memory a conversion holds.
-BLOCK_TARGET_BYTES = 64 << 20
+#: Bytes of rows (summed over arrays) that ``convert`` reads and writes at a time, a *slab*: whole
+#: chunks, at least one chunk. This bounds the memory a conversion holds.
+SLAB_BYTES = 64 << 20
 #: Below this, per-chunk overhead dominates a batch read.
 TINY_CHUNK_BYTES = 64 << 10
 #: Above this, a batch read decodes far more than it uses (4 MiB chunks already cost 2-3x).
 HUGE_CHUNK_BYTES = 8 << 20
 #: Compressions ``convert`` writes (see ``arrayfeed.convert`` for the Zarr codecs they map to).
 COMPRESSIONS = ("none", "lzf", "gzip")
-
-
-def row_nbytes(shape: Sequence[int], dtype: np.dtype[Any] | str) -> int:
-    """Bytes of one row (everything but the first axis) of an array of ``shape`` and ``dtype``."""
-    return math.prod(int(n) for n in shape[1:]) * np.dtype(dtype).itemsize
 
 
 def choose_chunk_rows(row_bytes: int, n_rows: int, *, target_bytes: int) -> int:
@@ -90,12 +80,13 @@ def choose_chunk_rows(row_bytes: int, n_rows: int, *, target_bytes: int) -> int:
     return min(1 << (rows.bit_length() - 1), n_rows)
 
 
-def block_rows(
-    chunk_rows: int, row_bytes: int, n_rows: int, *, target_bytes: int = BLOCK_TARGET_BYTES
+def slab_rows(
+    chunk_rows: int, row_bytes: int, n_rows: int, *, target_bytes: int = SLAB_BYTES
 ) -> int:
-    """Rows moved at a time: a whole number of chunks within ``target_bytes`` (at least one chunk).
+    """Rows a conversion moves at a time (a slab): a whole number of chunks within
+    ``target_bytes`` (at least one chunk).
 
-    >>> block_rows(256, 3 * 1024, 10**6)
+    >>> slab_rows(256, 3 * 1024, 10**6)
     21760
     """
     chunks = max(1, target_bytes // max(1, chunk_rows * row_bytes))
@@ -125,62 +116,6 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ArrayLayout:
-    """How one stored array is laid out.
-
-    Attributes:
-        name: Path of the array inside its file or store (``""`` for a lone array).
-        shape: Shape; axis 0 is the batch axis.
-        dtype: NumPy dtype (a dtype name is converted).
-        chunks: Chunk shape, or None when the array is contiguous.
-        compression: Codecs or filters in human form (``"none"`` when uncompressed).
-        stored_bytes: Bytes on disk, when known.
-        loads_whole: The array cannot be read lazily (a ``.npz`` member).
-        missing_chunks: Chunks not stored (Zarr: they read as the fill value), when known.
-        strict: The store was written complete by arrayfeed, so a missing chunk is corruption.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    chunks: tuple[int, ...] | None
-    compression: str = "none"
-    stored_bytes: int | None = None
-    loads_whole: bool = False
-    missing_chunks: int | None = None
-    strict: bool = False
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", np.dtype(self.dtype))
-        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
-        if self.chunks is not None:
-            object.__setattr__(self, "chunks", tuple(int(n) for n in self.chunks))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the array once read (uncompressed)."""
-        return math.prod(self.shape) * self.dtype.itemsize
-
-    @property
-    def row_bytes(self) -> int:
-        return row_nbytes(self.shape, self.dtype)
-
-    @property
-    def chunk_rows(self) -> int | None:
-        """Rows per chunk when chunks hold whole rows, else None."""
-        if self.chunks is None or not self.shape or tuple(self.chunks[1:]) != self.shape[1:]:
-            return None
-        return min(self.chunks[0], self.shape[0])
-
-    @property
-    def chunk_bytes(self) -> int | None:
-        if self.chunks is None:
-            return None
-        clipped = [min(c, s) for c, s in zip(self.chunks, self.shape, strict=True)]
-        return math.prod(clipped) * self.dtype.itemsize
 
 
 def _label(layout: ArrayLayout) -> str:

@@ -11,18 +11,21 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .._dtypes import check_feedable
 from .._errors import ConfigError
-from .._storage.sources import (
+from .._storage import (
     Source,
+    array_keys,
     as_source,
-    check_feedable,
     chunked_rows,
     open_array,
     row_bytes,
+    split_spec,
 )
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
@@ -161,9 +164,7 @@ def _advise(report: BenchReport, sources: dict[str, Source]) -> list[str]:
 
 def _splits_rows(source: Any) -> bool:
     """True when a chunk holds only part of each row (chunking along a non-batch axis)."""
-    chunks: tuple[int, ...] | None = getattr(getattr(source, "dataset", None), "chunks", None)
-    if chunks is None:
-        chunks = getattr(getattr(source, "array", None), "chunks", None)
+    chunks: tuple[int, ...] | None = getattr(source, "chunks", None)
     return chunks is not None and tuple(chunks[1:]) != tuple(source.shape[1:])
 
 
@@ -178,28 +179,17 @@ def arrays_at(specs: list[str]) -> dict[str, Source]:
     >>> sorted(arrays_at([path, f"labels={path}"]))
     ['labels', 'x']
     """
-    import h5py
-    import zarr
-
-    from .._conversion.inputs import split_spec
-
     arrays: dict[str, Source] = {}
     for spec in specs:
         name, sep, rest = spec.partition("=")
         if not sep:
             name, rest = "", spec
         path, key = split_spec(rest)
-        if key is not None or path.lower().endswith((".npy", ".npz")):
+        keys = array_keys(path) if key is None else None
+        if keys is None:
             found = {name or key or _stem(path): open_array(path, key)}
-        elif h5py.is_hdf5(path):
-            found = {k: open_array(path, k) for k in _h5_datasets(path)}
         else:
-            group = zarr.open(store=path, mode="r")
-            if isinstance(group, zarr.Group):
-                keys = [k for k, v in group.members(max_depth=None) if isinstance(v, zarr.Array)]
-                found = {k: open_array(path, k) for k in keys}
-            else:
-                found = {name or _stem(path): open_array(path)}
+            found = {k: open_array(path, k) for k in keys}
         if name and len(found) != 1:
             raise ConfigError(
                 f"'{spec}' names {len(found)} arrays; give one with NAME=PATH:KEY or drop NAME."
@@ -215,16 +205,5 @@ def arrays_at(specs: list[str]) -> dict[str, Source]:
     return arrays
 
 
-def _h5_datasets(path: str) -> list[str]:
-    import h5py
-
-    names: list[str] = []
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda k, v: names.append(k) if isinstance(v, h5py.Dataset) else None)
-    return names
-
-
 def _stem(path: str) -> str:
-    from pathlib import Path
-
     return Path(path.rstrip("/")).stem

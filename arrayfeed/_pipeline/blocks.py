@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._storage.sources import ReadRangeInto, Source
+from .._dtypes import native_dtype
+from .._storage import ReadRangeInto, Source
 from .plan import BlockOrder
-from .read import BufferPool, native_dtype
+from .read import BufferPool
 
 __all__ = ["WindowCache"]
 

@@ -9,21 +9,15 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 
-import numpy as np
 import tensorflow as tf
 
+from .._dtypes import check_feedable
 from .._errors import ConfigError, ShapeError, StructureError
-from .._storage.sources import (
-    Source,
-    as_source,
-    check_feedable,
-    chunked_rows,
-    is_array_like,
-    row_bytes,
-)
+from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
+from .._validate import flag, integer
 from .feed import Feed
-from .plan import Plan, ShuffleMode, block_layout
-from .resume import check_position, register
+from .plan import Plan, block_layout, check_position, shuffle_mode
+from .resume import register
 from .shard import Shard
 from .structure import Treedef, flatten
 
@@ -103,20 +97,20 @@ def from_arrays(
     """
     treedef, sources = _sources_of(x, y, sample_weight)
     resolved, ours = _resolve_shard(shard)
-    mode = _shuffle_mode(shuffle)
+    mode = shuffle_mode(shuffle)
     block_rows, window_blocks = _block_layout(sources) if mode == "block" else (1, 1)
     plan = Plan(
         n_rows=len(sources[0]),
-        batch_size=_positive_int(batch_size, "batch_size"),
+        batch_size=batch_size,
         shard=resolved,
-        drop_remainder=bool(drop_remainder),
+        drop_remainder=bool(flag(drop_remainder, "drop_remainder")),
         shuffle=mode,
-        seed=_seed(seed),
+        seed=int.from_bytes(os.urandom(8), "little") if seed is None else seed,
         block_rows=block_rows,
         window_blocks=window_blocks,
     )
     if num_threads is not None:
-        _positive_int(num_threads, "num_threads")
+        num_threads = integer(num_threads, "num_threads", low=1)
     if map_batch is not None and not callable(map_batch):
         raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
     start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
@@ -179,33 +173,9 @@ def _resolve_shard(shard: ShardArg) -> tuple[Shard, bool]:
     )
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ConfigError(f"`{name}` must be a positive int (got {value!r}).")
-    return int(value)
-
-
-def _shuffle_mode(shuffle: bool | str) -> ShuffleMode:
-    if shuffle is True or shuffle == "full":
-        return "full"
-    if shuffle is False or shuffle == "none":
-        return "none"
-    if shuffle == "block":
-        return "block"
-    raise ConfigError(f"`shuffle` must be True, False or 'block' (got {shuffle!r}).")
-
-
 def _block_layout(sources: list[Source]) -> tuple[int, int]:
     chunk_rows = [rows for rows in map(chunked_rows, sources) if rows]
     return block_layout(chunk_rows, row_bytes(sources))
-
-
-def _seed(seed: int | None) -> int:
-    if seed is None:
-        return int.from_bytes(os.urandom(8), "little")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"`seed` must be a non-negative int or None (got {seed!r}).")
-    return int(seed)
 
 
 def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False) -> tf.data.Dataset:

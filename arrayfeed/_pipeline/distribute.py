@@ -14,7 +14,8 @@ from typing import Any
 import tensorflow as tf
 
 from .._errors import ConfigError
-from .dataset import _positive_int, from_arrays
+from .._validate import integer
+from .dataset import from_arrays
 
 __all__ = ["distribute", "distributed_steps"]
 
@@ -72,7 +73,7 @@ def distribute(
     >>> distributed_steps(ds)
     3
     """
-    global_batch = _positive_int(global_batch_size, "global_batch_size")
+    global_batch = integer(global_batch_size, "global_batch_size", low=1)
     for name in ("batch_size", "shard"):
         if name in from_arrays_kwargs:
             raise ConfigError(

@@ -24,13 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from .._dtypes import native_dtype
 from .._errors import DtypeError, MapBatchError, StructureError
-from .._storage.integrity import verify_sources
-from .._storage.sources import Source, chunked_rows, row_bytes
+from .._storage import Source, chunked_rows, row_bytes, verify_sources
 from .blocks import WindowCache
-from .plan import Plan
-from .read import BufferPool, native_dtype, read_rows
-from .resume import check_position
+from .plan import Plan, check_position
+from .read import BufferPool, read_rows
 from .structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads"]

@@ -33,12 +33,13 @@ window boundary), and a row moves at most about a window away from its block's n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from .._errors import ConfigError
+from .._validate import integer
 from .permutation import derive_key, invert, permute
 from .shard import Shard
 
@@ -49,7 +50,9 @@ __all__ = [
     "Plan",
     "ShuffleMode",
     "block_layout",
+    "check_position",
     "shard_bounds",
+    "shuffle_mode",
 ]
 
 #: Bytes per block for ``shuffle="block"`` when no source is chunked (locality only).
@@ -61,6 +64,24 @@ WINDOW_BYTES = 32 << 20
 MIN_BLOCK_BYTES = 4 << 20
 
 ShuffleMode = Literal["none", "full", "block"]
+
+
+def shuffle_mode(shuffle: object) -> ShuffleMode:
+    """The shuffle mode named by a ``shuffle`` argument.
+
+    ``True`` or ``"full"``: a full permutation; ``False`` or ``"none"``: storage order;
+    ``"block"``: the chunk-aware block order.
+
+    >>> shuffle_mode(True), shuffle_mode("none"), shuffle_mode("block")
+    ('full', 'none', 'block')
+    """
+    if isinstance(shuffle, (bool, np.bool_)):
+        return "full" if shuffle else "none"
+    if shuffle in ("full", "none", "block"):
+        return shuffle  # type: ignore[return-value]
+    raise ConfigError(
+        f"`shuffle` must be True (or 'full'), False (or 'none') or 'block' (got {shuffle!r})."
+    )
 
 
 def shard_bounds(n_rows: int, shard: Shard) -> tuple[int, int]:
@@ -109,20 +130,12 @@ class Plan:
     window_blocks: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)):
-            raise ConfigError(f"`batch_size` must be a positive int (got {self.batch_size!r}).")
-        if self.batch_size < 1:
-            raise ConfigError(f"`batch_size` must be a positive int (got {self.batch_size}).")
+        for name in ("batch_size", "block_rows", "window_blocks"):
+            object.__setattr__(self, name, integer(getattr(self, name), name, low=1))
+        object.__setattr__(self, "seed", integer(self.seed, "seed", low=0))
         if self.n_rows < 1:
             raise ConfigError(f"there must be at least one row (got {self.n_rows}).")
-        if self.shuffle not in ("none", "full", "block"):
-            raise ConfigError(
-                f"`shuffle` must be 'none', 'full' or 'block' (got {self.shuffle!r})."
-            )
-        for name in ("block_rows", "window_blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ConfigError(f"`{name}` must be a positive int (got {value!r}).")
+        object.__setattr__(self, "shuffle", shuffle_mode(self.shuffle))
         if self.rows_per_epoch == 0:
             raise ConfigError(
                 f"there are more workers ({self.shard.count}) than rows ({self.n_rows}); "
@@ -299,3 +312,17 @@ class BlockOrder:
             ends = np.cumsum(hi - lo)
             out[a:b] = (lo - ends + (hi - lo))[np.searchsorted(ends, q, side="right")] + q
         return out
+
+
+def check_position(
+    steps: int, epoch: Any, step: Any, names: tuple[str, str] = ("epoch", "step")
+) -> tuple[int, int]:
+    """Validate a position ``(epoch, step)`` in a stream of epochs of ``steps`` batches each."""
+    epoch, step = (integer(v, n, low=0) for n, v in zip(names, (epoch, step), strict=True))
+    if step >= steps:
+        raise ConfigError(
+            f"`{names[1]}` ({step}) must be less than the {steps} steps (batches) of an epoch on "
+            f"this worker; to start after the last step of epoch {epoch}, use "
+            f"`{names[0]}={epoch + 1}, {names[1]}=0`."
+        )
+    return epoch, step

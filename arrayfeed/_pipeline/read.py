@@ -16,17 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._storage.sources import GatherInto, Source
+from .._dtypes import native_dtype
+from .._storage import GatherInto, Source
 
-__all__ = ["ALIGNMENT", "BufferPool", "aligned_empty", "native_dtype", "read_rows"]
+__all__ = ["ALIGNMENT", "BufferPool", "aligned_empty", "read_rows"]
 
 #: Byte alignment of fresh buffers; TensorFlow copies less aligned ones.
 ALIGNMENT = 64
-
-
-def native_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
-    """``dtype`` in the machine's byte order (what TensorFlow needs)."""
-    return np.dtype(dtype).newbyteorder("=")
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:

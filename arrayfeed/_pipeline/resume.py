@@ -1,8 +1,7 @@
-"""Resuming: where a dataset's next pass starts, and the feed behind a dataset.
+"""Resuming: the feeds behind a dataset, for the Keras integration.
 
-The plan is seekable, so starting at step ``S`` of epoch ``E`` costs O(1): nothing before it is
-read or replayed. ``from_arrays(..., start_epoch=E, start_step=S)`` sets the first pass; the Keras
-integration (:class:`arrayfeed.ResumeCallback`) moves a live dataset to Keras' epoch.
+The plan is seekable (:func:`arrayfeed._pipeline.plan.check_position`), so starting at step ``S``
+of epoch ``E`` costs O(1). :class:`arrayfeed.ResumeCallback` moves a live dataset to Keras' epoch.
 
 ``from_arrays`` registers every dataset it returns together with its feed (weakly: the registry
 never keeps a dataset alive). :func:`feeds_of` finds the feeds behind a dataset, also through the
@@ -16,14 +15,10 @@ import contextlib
 import weakref
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .._errors import ConfigError
-
 if TYPE_CHECKING:
     from .feed import Feed
 
-__all__ = ["check_position", "feeds_of", "register"]
+__all__ = ["feeds_of", "register"]
 
 _FEEDS: weakref.WeakKeyDictionary[Any, Feed] = weakref.WeakKeyDictionary()
 
@@ -56,19 +51,3 @@ def feeds_of(dataset: Any) -> list[Feed]:
             with contextlib.suppress(Exception):  # a dataset type that does not list its inputs
                 todo.extend(inputs())
     return found
-
-
-def check_position(
-    steps: int, epoch: Any, step: Any, names: tuple[str, str] = ("epoch", "step")
-) -> tuple[int, int]:
-    """Validate a position ``(epoch, step)`` in a stream of epochs of ``steps`` batches each."""
-    for name, value in zip(names, (epoch, step), strict=True):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConfigError(f"`{name}` must be a non-negative int (got {value!r}).")
-    if step >= steps:
-        raise ConfigError(
-            f"`{names[1]}` ({step}) must be less than the {steps} steps (batches) of an epoch on "
-            f"this worker; to start after the last step of epoch {epoch}, use "
-            f"`{names[0]}={epoch + 1}, {names[1]}=0`."
-        )
-    return int(epoch), int(step)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
+from .._validate import integer
 
 __all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "Shard"]
 
@@ -49,17 +50,10 @@ class Shard:
     index: int
 
     def __post_init__(self) -> None:
-        for field in ("count", "index"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"`Shard.{field}` must be an int (got {value!r}).")
-        if self.count < 1:
-            raise ConfigError(f"`Shard.count` must be at least 1 (got {self.count}).")
-        if not 0 <= self.index < self.count:
-            raise ConfigError(
-                f"`Shard.index` must be in [0, {self.count}) for {self.count} workers "
-                f"(got {self.index})."
-            )
+        count = integer(self.count, "Shard.count", low=1)
+        index = integer(self.index, "Shard.index", low=0, high=count)
+        object.__setattr__(self, "count", count)
+        object.__setattr__(self, "index", index)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Shard:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,46 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import zarr
-from zarr.storage import LocalStore
+from zarr.abc.store import Store
+from zarr.storage import LocalStore, WrapperStore
 
 from .._errors import CorruptDataError
-from .integrity import corrupt_chunk_error, missing_chunk_error, unwrap_store
 
-__all__ = ["ChunkReader"]
+__all__ = ["ChunkReader", "corrupt_chunk_error", "missing_chunk_error", "unwrap_store"]
 
 Decoder = Callable[[bytes], Any]
+
+
+def unwrap_store(store: Store) -> Store:
+    """The store under any wrapper stores."""
+    while isinstance(store, WrapperStore):
+        store = store._store
+    return store
+
+
+def _chunk_coords(key: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"\d+", key))
+
+
+def missing_chunk_error(name: str, key: str) -> CorruptDataError:
+    """The error for chunk ``key`` missing from Zarr array ``name`` of a strict store."""
+    return CorruptDataError(
+        f"chunk {_chunk_coords(key)} (key '{key}') of Zarr array '{name}' is missing. The store "
+        "is marked complete by arrayfeed (or was opened with strict=True), so a missing chunk is "
+        "lost data, not fill values; restore the store from a backup or re-create it (e.g. with "
+        "`arrayfeed convert`)."
+    )
+
+
+def corrupt_chunk_error(
+    name: str, coords: tuple[int, ...], key: str, error: Exception
+) -> CorruptDataError:
+    """The error for chunk ``coords`` (``key``) of Zarr array ``name`` that cannot be read."""
+    return CorruptDataError(
+        f"chunk {coords} (key '{key}') of Zarr array '{name}' cannot be read "
+        f"({type(error).__name__}: {error}); the store is corrupted. Restore it from a "
+        "backup or re-create it (e.g. with `arrayfeed convert`)."
+    )
 
 
 def _decoder(spec: dict[str, Any]) -> Decoder | None:

@@ -1,0 +1,173 @@
+"""In-memory arrays and memory-mapped files: sources that gather rows in any order cheaply.
+
+:class:`ArraySource` wraps an ``np.ndarray`` or ``np.memmap``; :class:`MappedSource` maps rows
+stored contiguously at a byte offset of a file (``.npy`` files, contiguous HDF5 datasets) lazily,
+once per process, and pickles the path and layout, never the mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import CorruptDataError
+from .base import Indices, run_bounds
+from .fingerprint import Fingerprint, memmap_fingerprint
+
+__all__ = ["ArraySource", "MappedSource"]
+
+#: Rows at least this large are copied with pread rather than through the memory map.
+_PREAD_ROW_BYTES = 4096
+#: Serialises opening the per-process file descriptor of mapped sources.
+_FD_LOCK = threading.Lock()
+
+
+class ArraySource:
+    """An in-memory ``np.ndarray`` or an ``np.memmap``."""
+
+    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+        self._array = array
+        self.name = name
+        self.fingerprint = memmap_fingerprint(array)
+
+    @property
+    def array(self) -> np.ndarray:
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.array.dtype
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def read(self, indices: Indices) -> np.ndarray:
+        run = run_bounds(indices)
+        if run is not None:
+            return np.array(self.array[run[0] : run[1]])
+        return np.take(self.array, indices, axis=0)
+
+    def read_run(self, start: int, stop: int) -> np.ndarray:
+        return self.array[start:stop]
+
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None:
+        # mode="clip": indices are in bounds (the plan checks them), and only then does NumPy
+        # write straight into `out` instead of through a temporary copy.
+        np.take(self.array, indices, axis=0, out=out, mode="clip")
+
+    def verify(self) -> None:
+        """Raise :class:`CorruptDataError` if the file behind a memory map changed since opening."""
+        if self.fingerprint is not None:
+            self.fingerprint.check(self.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class MappedSource(ArraySource):
+    """Rows stored contiguously at a byte offset of a file: memory-mapped read-only, lazily,
+    once per process. Pickles the path and layout, never the mapping."""
+
+    def __init__(
+        self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any], offset: int, fortran: bool
+    ) -> None:
+        self.path = path
+        self._shape, self._dtype, self._offset, self._fortran = shape, dtype, offset, fortran
+        self.fingerprint = Fingerprint.of(path)
+        self._array: np.ndarray | None = None  # type: ignore[assignment]
+        self._pid = -1
+        self._fd: int | None = None
+        self._fd_pid = -1
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None or self._pid != os.getpid():
+            self._array = np.memmap(
+                self.path,
+                dtype=self._dtype,
+                mode="r",
+                offset=self._offset,
+                shape=self._shape,
+                order="F" if self._fortran else "C",
+            )
+            self._pid = os.getpid()
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    def __len__(self) -> int:
+        return self._shape[0] if self._shape else 0
+
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None:
+        row_bytes = self._dtype.itemsize * int(np.prod(self._shape[1:], dtype=np.int64))
+        direct = (
+            row_bytes >= _PREAD_ROW_BYTES
+            and not self._fortran
+            and self._dtype.isnative
+            and out.dtype == self._dtype
+            and out.flags.c_contiguous
+            and out.shape == (len(indices), *self._shape[1:])
+        )
+        if not direct:
+            np.take(self.array, indices, axis=0, out=out, mode="clip")
+            return
+        # Large rows: copy them from the page cache with pread, one call per run of consecutive
+        # rows, instead of through the memory map. Measured on 12 KiB rows: 212-221 k rows/s with
+        # two threads against 172-176 k through the map, and steadier, because the map's pages
+        # are faulted in again whenever the kernel unmaps them. A file that ends early is an
+        # error naming it, where the map would end the process with SIGBUS.
+        if not len(indices):
+            return
+        fd = self._file()
+        view = memoryview(out.reshape(-1).view(np.uint8).data)
+        cuts = np.flatnonzero(np.diff(indices) != 1) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(indices)], strict=True):
+            start, end = lo * row_bytes, hi * row_bytes
+            offset = self._offset + int(indices[lo]) * row_bytes
+            while start < end:  # preadv returns at most ~2 GiB per call on Linux
+                got = os.preadv(fd, [view[start:end]], offset)
+                if got == 0:
+                    raise CorruptDataError(
+                        f"'{self.path}' ended at byte {offset}, inside the rows being read: the "
+                        "file was truncated while being read; re-create it."
+                    )
+                start, offset = start + got, offset + got
+
+    def _file(self) -> int:
+        with _FD_LOCK:
+            if self._fd is None or self._fd_pid != os.getpid():
+                self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            return self._fd
+
+    def close(self) -> None:
+        """Close this process's file descriptor and mapping (both reopen when read again)."""
+        with _FD_LOCK:
+            fd, self._fd = self._fd, None
+            if fd is not None and self._fd_pid == os.getpid():
+                os.close(fd)
+        self._array, self._pid = None, -1
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None and self._fd_pid == os.getpid():
+            os.close(fd)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_array"], state["_pid"] = None, -1
+        state["_fd"], state["_fd_pid"] = None, -1
+        return state

@@ -1,0 +1,102 @@
+"""The record a conversion stores with its data: one on-disk contract for every format.
+
+Every store ``arrayfeed convert`` writes carries a :class:`ConversionRecord` as JSON under the
+attribute :data:`MARKER` (``"arrayfeed"``) of its root (HDF5: a JSON string on the root group;
+Zarr: a JSON object in the root group's attributes). Its ``complete`` field is the completeness
+marker: a Zarr array, or a group above it, whose ``"arrayfeed"`` attribute holds
+``{"complete": true}`` was written with every chunk stored, so a missing chunk there is
+corruption, not fill values (:func:`marked_complete`). Each format module reads and writes the
+attribute; this module alone defines what it holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import CorruptDataError
+
+__all__ = ["MARKER", "RECORD_FORMAT", "ConversionRecord", "marked_complete", "parse_record"]
+
+#: Name of the attribute that holds the :class:`ConversionRecord` of a converted store.
+MARKER = "arrayfeed"
+#: Version of the record's JSON layout.
+RECORD_FORMAT = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConversionRecord:
+    """What :func:`convert` wrote, stored with the data; read back by :func:`written_by_arrayfeed`.
+
+    Attributes:
+        version: arrayfeed version that wrote the store.
+        complete: Every row and (Zarr) every chunk was written and verified.
+        rows: Rows of every array.
+        chunk_rows: Rows per chunk of every array; None when the arrays are contiguous (HDF5).
+        compression: ``"none"``, ``"lzf"`` or ``"gzip"`` (the Zarr codecs are named in
+            :func:`convert`).
+        shuffle_seed: Seed of the shared row permutation, or None when rows kept their order.
+        checksums: Per array, ``zlib.crc32`` of its rows in order, C-contiguous, little-endian.
+    """
+
+    version: str
+    complete: bool
+    rows: int
+    chunk_rows: int | None
+    compression: str
+    shuffle_seed: int | None
+    checksums: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON-compatible values (what is stored)."""
+        return {
+            "format": RECORD_FORMAT,
+            "version": self.version,
+            "complete": self.complete,
+            "rows": self.rows,
+            "chunk_rows": self.chunk_rows,
+            "compression": self.compression,
+            "shuffle_seed": self.shuffle_seed,
+            "checksum": "crc32",
+            "checksums": dict(self.checksums),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> ConversionRecord:
+        """Parse what :meth:`to_json` stored; raise :class:`CorruptDataError` if malformed."""
+        try:
+            if isinstance(data, (str, bytes)):
+                data = json.loads(data)
+            if data.get("format") != RECORD_FORMAT:
+                raise ValueError(f"unknown record format {data.get('format')!r}")
+            return cls(
+                version=str(data["version"]),
+                complete=bool(data["complete"]),
+                rows=int(data["rows"]),
+                chunk_rows=None if data["chunk_rows"] is None else int(data["chunk_rows"]),
+                compression=str(data["compression"]),
+                shuffle_seed=None if data["shuffle_seed"] is None else int(data["shuffle_seed"]),
+                checksums={str(k): int(v) for k, v in data["checksums"].items()},
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptDataError(
+                f"the {MARKER!r} attribute is not a record written by arrayfeed ({exc}); the store "
+                "was changed by another program, convert it again."
+            ) from None
+
+
+def parse_record(raw: Any) -> ConversionRecord | None:
+    """The record stored as ``raw`` (JSON text, bytes or an object), or None when absent."""
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        raw = raw.decode()
+    return ConversionRecord.from_json(raw)
+
+
+def marked_complete(attrs: Mapping[str, Any]) -> bool:
+    """True if ``attrs`` carry the completeness marker ``{"arrayfeed": {"complete": true}}``."""
+    marker = attrs.get(MARKER)
+    return isinstance(marker, Mapping) and marker.get("complete") is True
