@@ -1,0 +1,168 @@
+"""The package layout's rules, checked on the source: who may import what.
+
+- ``h5py``, ``zarr`` and ``numcodecs`` are imported only inside ``arrayfeed/_storage``;
+- TensorFlow and Keras only in the tf.data glue and the Keras / tf.distribute helpers;
+- code outside the storage layer imports it only through ``arrayfeed._storage`` (its public
+  functions and capability protocols) and never names a concrete source class;
+- no import cycles between arrayfeed's modules, and no module over 500 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "arrayfeed"
+STORAGE_ONLY = {"h5py", "zarr", "numcodecs"}
+TF_MODULES = {"arrayfeed._pipeline.dataset", "arrayfeed._pipeline.keras", "arrayfeed._pipeline.distribute"}
+CONCRETE_SOURCES = {
+    "ArraySource",
+    "MappedSource",
+    "NpySource",
+    "NpzMemberSource",
+    "H5Source",
+    "H5ContiguousSource",
+    "ZarrSource",
+    "ChunkReader",
+}
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str) -> Iterator[tuple[str, list[str], int]]:
+    """``(imported module, names, line)`` of every run-time import in ``module``."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield target, names, node.lineno
+
+
+def _resolve(target: str, names: list[str]) -> list[str]:
+    """The arrayfeed modules an import statement loads (``from pkg import mod`` loads ``mod``)."""
+    loaded = [target] if target in MODULES else []
+    loaded += [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
+    return loaded
+
+
+def test_the_layout_has_the_three_parts() -> None:
+    for part in ("_storage", "_pipeline", "_conversion"):
+        assert f"arrayfeed.{part}" in MODULES
+    for fmt in ("npy", "hdf5", "zarr"):
+        assert f"arrayfeed._storage.{fmt}" in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_storage_libraries_only_in_the_storage_layer(module: str) -> None:
+    if module.startswith("arrayfeed._storage"):
+        return
+    for target, _, line in _imports(module):
+        assert target.split(".")[0] not in STORAGE_ONLY, f"{module}:{line} imports {target}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_tensorflow_only_in_the_glue(module: str) -> None:
+    if module in TF_MODULES:
+        return
+    for target, _, line in _imports(module):
+        assert target.split(".")[0] not in ("tensorflow", "keras"), f"{module}:{line} imports {target}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_storage_reached_through_its_public_surface(module: str) -> None:
+    if module.startswith("arrayfeed._storage"):
+        return
+    for target, names, line in _imports(module):
+        if target.startswith("arrayfeed._storage."):
+            pytest.fail(f"{module}:{line} imports {target}; import from arrayfeed._storage")
+        if target == "arrayfeed._storage":
+            named = CONCRETE_SOURCES.intersection(names)
+            assert not named, f"{module}:{line} imports concrete source classes {named}"
+    tree = ast.parse(MODULES[module].read_text())
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not CONCRETE_SOURCES & used, f"{module} names {CONCRETE_SOURCES & used}"
+
+
+def test_no_import_cycles() -> None:
+    graph = {
+        module: {dep for target, names, _ in _imports(module) for dep in _resolve(target, names)}
+        - {module}
+        for module in MODULES
+    }
+    # A package's __init__ importing its own submodules is not a cycle of the layering; a
+    # submodule importing its parent package is (the parent imports the submodule back).
+    for module, deps in graph.items():
+        graph[module] = {d for d in deps if not module.startswith(d + ".")} | {
+            d for d in deps if module.startswith(d + ".") and d == "arrayfeed"
+        }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        stack.append(module)
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycle = [*stack[stack.index(dep) :], dep]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_modules_stay_small(module: str) -> None:
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines; split it by concept"
+
+
+def test_the_rules_see_a_violation(tmp_path: Path) -> None:
+    """The checks above parse imports correctly: relative imports resolve to real modules."""
+    deps = {dep for t, n, _ in _imports("arrayfeed._pipeline.feed") for dep in _resolve(t, n)}
+    assert {"arrayfeed._storage", "arrayfeed._pipeline.plan", "arrayfeed._errors"} <= deps
+    deps = {t for t, _, _ in _imports("arrayfeed._storage.hdf5")}
+    assert "h5py" in deps
