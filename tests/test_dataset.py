@@ -153,7 +153,7 @@ def test_batches_held_across_epochs_stay_intact() -> None:
 def test_held_batches_stay_intact_while_buffers_are_recycled(tmp_path: Path) -> None:
     from arrayfeed._pipeline.resume import feeds_of
 
-    n = 600  # 6 KB rows: read with pread into pooled buffers
+    n = 600  # 6 KB rows: gathered from the map into pooled buffers
     a = np.random.default_rng(1).integers(0, 255, size=(n, 2048, 3), dtype=np.uint8)
     np.save(tmp_path / "a.npy", a)
     ds = af.from_arrays(str(tmp_path / "a.npy"), np.arange(n), batch_size=32, seed=3)
