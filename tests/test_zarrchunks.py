@@ -206,3 +206,79 @@ def test_block_shuffle_over_local_zarr_returns_every_row_once(tmp_path: Path) ->
         np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
         seen.append(yb.numpy())
     assert sorted(np.concatenate(seen).tolist()) == list(range(n))
+
+
+@pytest.mark.parametrize("compressor", ["none", "zstd+crc32c"])
+@pytest.mark.parametrize("chunks", [(4, 5, 3), (7, 2, 2), (64, 2, 1)])
+def test_a_range_read_piece_by_piece_equals_zarr(
+    tmp_path: Path, compressor: str, chunks: tuple[int, ...]
+) -> None:
+    """Pieces are the chunks a range touches (chunks splitting the last axes too); read in any
+    order, each fills exactly its part of the range."""
+    data = np.random.default_rng(3).standard_normal((50, 5, 3)).astype(">f4")
+    array = _array(tmp_path / "a.zarr", data, chunks, compressors=COMPRESSORS[compressor])
+    source = ZarrSource(array)
+    assert source.chunk_reader is not None
+    grid = -(-5 // chunks[1]) * -(-3 // chunks[2])
+    for start, stop in [(0, 50), (3, 11), (5, 6), (49, 50), (13, 42)]:
+        pieces = source.range_pieces(start, stop)
+        assert pieces == ((stop - 1) // chunks[0] - start // chunks[0] + 1) * grid
+        out = np.full((stop - start, 5, 3), np.nan, dtype="=f4")
+        for piece in np.random.default_rng(start).permutation(pieces).tolist():
+            source.read_piece_into(start, stop, piece, out)
+        np.testing.assert_array_equal(out, np.asarray(array[start:stop]))
+
+
+def test_a_damaged_chunk_read_as_a_piece_is_named(tmp_path: Path) -> None:
+    data = np.arange(40 * 4, dtype=np.int32).reshape(40, 4)
+    array = _array(tmp_path / "a.zarr", data, (10, 2), compressors=COMPRESSORS["zstd"])
+    key = array.metadata.encode_chunk_key((1, 1))
+    (tmp_path / "a.zarr" / key).write_bytes(b"not zstd")
+    source = ZarrSource(array)
+    out = np.empty((40, 4), np.int32)
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 1\)"):
+        for piece in range(source.range_pieces(0, 40)):
+            source.read_piece_into(0, 40, piece, out)
+
+
+def test_a_window_of_few_large_blocks_is_read_piece_by_piece_on_every_thread(
+    tmp_path: Path,
+) -> None:
+    """Two blocks per window, each many chunks: threads share the chunks, not only the blocks."""
+    from arrayfeed._pipeline.blocks import WindowCache
+    from arrayfeed._pipeline.plan import Plan
+
+    data = np.random.default_rng(5).integers(0, 255, size=(64, 8, 6), dtype=np.uint8)
+    array = _array(tmp_path / "a.zarr", data, (16, 2, 3), compressors=COMPRESSORS["zstd"])
+    source = ZarrSource(array)
+    plan = Plan(n_rows=64, batch_size=8, shuffle="block", block_rows=16, window_blocks=2, seed=1)
+    cache = WindowCache(source, plan.block_order(0), capacity=2)
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def read(step: int) -> None:
+        try:
+            barrier.wait()
+            rows = plan.indices(0, step)
+            out = np.empty((len(rows), 8, 6), np.uint8)
+            cache.gather_into(rows, out)
+            np.testing.assert_array_equal(out, data[rows])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(s,)) for s in (0, 1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    order = plan.block_order(0)
+    chunks_per_block = 4 * 2  # rows 16 = one chunk row; 8x6 rows split into 4 x 2 chunks
+    assert cache.loads == 2  # the two blocks of window 0, each read once
+    assert cache.piece_loads == 2 * chunks_per_block
+    assert order.windows == 2
+    for step in range(plan.steps):
+        rows = plan.indices(0, step)
+        out = np.empty((len(rows), 8, 6), np.uint8)
+        cache.gather_into(rows, out)
+        np.testing.assert_array_equal(out, data[rows])

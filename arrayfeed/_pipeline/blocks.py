@@ -8,11 +8,14 @@ call per block, into one buffer laid out the way the plan permutes them (the win
 layout), keeps the most recently used windows up to a capacity, and serves any rows of a window
 with one vectorised gather from that buffer.
 
-Reader threads share the work: a thread that needs a window claims, one at a time, the blocks
-nobody is reading yet and reads them, then waits for the blocks other threads are reading. Every
-block is read by one thread, and a window is loaded by as many threads as need it at once. When
-another thread's read fails, a waiting thread reads that block again itself, so a group fails
-only on an error of its own read.
+Reader threads share the work: a thread that needs a window claims, one at a time, the pieces
+nobody is reading yet and reads them, then waits for the pieces other threads are reading. A
+piece is a whole block, or, for storage that splits a block's read into independent pieces
+(:class:`~arrayfeed._storage.ReadPiecesInto`: the chunks a block touches), one of those: so a
+window of two large blocks, each many chunks, is still decoded on every core. Every piece is read
+by one thread, and a window is loaded by as many threads as need it at once. When another
+thread's read fails, a waiting thread reads that piece again itself, so a group fails only on an
+error of its own read.
 
 Windows are used in increasing order within an epoch, so when the cache is full the
 lowest-numbered window goes (a window read ahead is never evicted for an older one).
@@ -28,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._dtypes import native_dtype
-from .._storage import ReadRangeInto, Source
+from .._storage import ReadPiecesInto, ReadRangeInto, Source
 from .plan import BlockOrder
 from .read import BufferPool
 
@@ -36,13 +39,24 @@ __all__ = ["WindowCache"]
 
 
 class _Window:
-    """One window's buffer and the state of each of its blocks' reads."""
+    """One window's buffer and the state of each piece of its blocks' reads.
 
-    def __init__(self, buffer: np.ndarray, lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]):
+    ``units[u]`` is ``(block, piece, pieces)``: piece ``piece`` of the ``pieces`` of the read of
+    ``block``; ``loads[u]`` is None until a thread claims it.
+    """
+
+    def __init__(
+        self,
+        buffer: np.ndarray,
+        lo: npt.NDArray[np.int64],
+        hi: npt.NDArray[np.int64],
+        pieces: list[int],
+    ):
         self.buffer = buffer
         self.lo, self.hi = lo.tolist(), hi.tolist()
         self.at = np.concatenate(([0], np.cumsum(hi - lo))).tolist()  # packed start of each block
-        self.loads: list[Future[None] | None] = [None] * len(self.lo)
+        self.units = [(b, p, n) for b, n in enumerate(pieces) for p in range(n)]
+        self.loads: list[Future[None] | None] = [None] * len(self.units)
 
 
 def _succeeded(load: Future[None]) -> bool:
@@ -71,6 +85,7 @@ class WindowCache:
         self._windows: dict[int, _Window] = {}
         self._lock = threading.Lock()
         self.loads = 0  # blocks read from storage, for tests and benchmarks
+        self.piece_loads = 0  # pieces read (blocks, or the chunks of blocks read piece by piece)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -142,10 +157,17 @@ class WindowCache:
         shape = (int((hi - lo).sum()), *self.source.shape[1:])
         dtype = native_dtype(self.source.dtype)
         buffer = self.pool.empty(shape, dtype) if self.pool is not None else np.empty(shape, dtype)
-        return _Window(buffer, lo, hi)
+        if isinstance(self.source, ReadPiecesInto):
+            pieces = [
+                max(1, self.source.range_pieces(a, b))
+                for a, b in zip(lo.tolist(), hi.tolist(), strict=True)
+            ]
+        else:
+            pieces = [1] * len(lo)
+        return _Window(buffer, lo, hi, pieces)
 
     def _claim(self, window: _Window) -> int | None:
-        """Mark the first block of ``window`` nobody reads yet as ours; None when there is none."""
+        """Mark the first piece of ``window`` nobody reads yet as ours; None when there is none."""
         with self._lock:
             for i, load in enumerate(window.loads):
                 if load is None:
@@ -153,20 +175,24 @@ class WindowCache:
                     return i
         return None
 
-    def _load(self, window: _Window, i: int) -> None:
-        load = window.loads[i]
+    def _load(self, window: _Window, u: int) -> None:
+        load = window.loads[u]
         assert load is not None
-        lo, hi, at = window.lo[i], window.hi[i], window.at[i]
+        block, piece, pieces = window.units[u]
+        lo, hi, at = window.lo[block], window.hi[block], window.at[block]
         try:
-            if isinstance(self.source, ReadRangeInto):
+            if pieces > 1 and isinstance(self.source, ReadPiecesInto):
+                self.source.read_piece_into(lo, hi, piece, window.buffer[at : at + hi - lo])
+            elif isinstance(self.source, ReadRangeInto):
                 self.source.read_range_into(lo, hi, window.buffer[at : at + hi - lo])
             else:
                 window.buffer[at : at + hi - lo] = self.source.read(np.arange(lo, hi, dtype=np.int64))
         except BaseException as exc:
             with self._lock:
-                window.loads[i] = None  # the next reader of this window tries again
+                window.loads[u] = None  # the next reader of this window tries again
             load.set_exception(exc)
             raise
         with self._lock:
-            self.loads += 1
+            self.loads += piece == 0  # blocks read from storage
+            self.piece_loads += 1
         load.set_result(None)

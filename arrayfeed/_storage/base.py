@@ -9,6 +9,8 @@ with ``isinstance`` and falls back from:
 - :class:`GatherInto`: gather rows in any order straight into a caller's buffer (in-memory
   arrays, memory maps), which skips the sort and the extra copy;
 - :class:`ReadRangeInto`: read a run of rows straight into a buffer (window reads);
+- :class:`ReadPiecesInto`: split such a read into independent pieces (the chunks it touches)
+  that several threads read at once;
 - :class:`RunReader`: return a run of rows, a view where the backend allows (conversion);
 - :class:`Chunked`: reads cost whole chunks of ``chunk_rows`` rows (``shuffle="block"``);
 - :class:`Verifiable`: ``verify()`` raises if the stored data changed since opening;
@@ -37,6 +39,7 @@ __all__ = [
     "Closeable",
     "GatherInto",
     "Indices",
+    "ReadPiecesInto",
     "ReadRangeInto",
     "RunReader",
     "Source",
@@ -89,6 +92,19 @@ class ReadRangeInto(Protocol):
     order), without an intermediate array."""
 
     def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class ReadPiecesInto(Protocol):
+    """Optional capability: a read of rows ``[start, stop)`` splits into ``range_pieces`` pieces
+    that can be read independently, by different threads at once, each filling its part of
+    ``out`` (the buffer of the whole range; C-contiguous, native byte order). Storage that
+    decodes chunks splits a range into the chunks it touches, so one large block is decoded on
+    every core instead of one."""
+
+    def range_pieces(self, start: int, stop: int) -> int: ...
+
+    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None: ...
 
 
 @runtime_checkable

@@ -93,6 +93,24 @@ class ZarrSource:
     def read_run(self, start: int, stop: int) -> np.ndarray:
         return np.asarray(self.array[start:stop])
 
+    def range_pieces(self, start: int, stop: int) -> int:
+        """Chunks rows ``[start, stop)`` touch when read chunk by chunk, else one piece."""
+        return self.chunk_reader.range_pieces(start, stop) if self.chunk_reader else 1
+
+    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
+        """Piece ``piece`` of reading rows ``[start, stop)`` into ``out`` (see
+        :meth:`range_pieces`)."""
+        if self.chunk_reader is None:
+            self.read_range_into(start, stop, out)
+            return
+        try:
+            self.chunk_reader.read_piece_into(start, stop, piece, out)
+        except (ArrayfeedError, MemoryError):
+            raise
+        except Exception as exc:  # a store error: name the chunk
+            indices = np.arange(start, stop, dtype=np.int64)
+            raise zarr_read_error(self.array, self.name, indices, exc) from exc
+
     def _read(self, indices: Indices, out: np.ndarray | None) -> np.ndarray:
         try:
             if self.chunk_reader is not None:

@@ -190,6 +190,23 @@ class ChunkReader:
                 out[(slice(a, b), *region)] = chunk[(rows, *inner)]
         return out
 
+    def range_pieces(self, start: int, stop: int) -> int:
+        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them."""
+        rows = self.chunks[0]
+        return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
+
+    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
+        """Read and decode piece ``piece`` (one chunk) of rows ``[start, stop)`` into its part of
+        ``out``, which holds those rows."""
+        rows, per_row = self.chunks[0], len(self._rest)
+        c = start // rows + piece // per_row
+        rest, region, inner = self._rest[piece % per_row]
+        lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+        chunk = self._chunk((c, *rest))
+        out[(slice(lo - start, hi - start), *region)] = chunk[
+            (slice(lo - c * rows, hi - c * rows), *inner)
+        ]
+
     def _chunk(self, coords: tuple[int, ...]) -> np.ndarray:
         key = self.key(coords)
         try:
