@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -152,3 +153,13 @@ def test_map_batch_that_changes_later_is_named() -> None:
     feed = _feed(map_batch=fn, num_threads=1)
     with pytest.raises(af.MapBatchError, match="same row shapes and dtypes"):
         list(feed())
+
+
+def test_default_threads_follow_the_cpu_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from arrayfeed._pipeline import feed as feed_module
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert feed_module.default_num_threads() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert feed_module.default_num_threads() == 8

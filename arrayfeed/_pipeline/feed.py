@@ -32,7 +32,7 @@ from .plan import Plan, check_position
 from .read import BufferPool, read_rows
 from .structure import Treedef, flatten
 
-__all__ = ["Feed", "LeafSpec", "default_num_threads"]
+__all__ = ["Feed", "LeafSpec", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element. Every ``from_generator`` call has a large
 #: fixed cost inside TensorFlow (measured: about 4 ms, mostly its structure checks), so groups are
@@ -43,9 +43,18 @@ GROUP_BYTES = 16 << 20
 MAX_GROUP_STEPS = 1024
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity: a Slurm task or a container may get
+    fewer than the machine has), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 def default_num_threads() -> int:
-    """Reader threads when none are given: one per core, between 1 and 8."""
-    return max(1, min(8, os.cpu_count() or 1))
+    """Reader threads when none are given: one per usable core, between 1 and 8."""
+    return max(1, min(8, usable_cores()))
 
 
 @dataclass(frozen=True)
