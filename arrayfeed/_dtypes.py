@@ -55,3 +55,9 @@ def check_feedable(source: Any, name: str) -> None:
         )
     if len(source) == 0:
         raise ShapeError(f"{label} is empty (shape {source.shape}); give it at least one row.")
+    if 0 in tuple(source.shape[1:]):
+        raise ShapeError(
+            f"{label} has rows of shape {tuple(source.shape[1:])}, which hold no data; TensorFlow "
+            "cannot feed zero-size batches (it crashes on them). Drop the array, or give its rows "
+            "at least one element."
+        )

@@ -375,3 +375,14 @@ def test_autotuning_is_off_and_can_be_turned_back_on() -> None:
     options = tf.data.Options()
     options.autotune.enabled = True
     assert mapped.with_options(options).options().autotune.enabled is True
+
+
+@pytest.mark.parametrize("shape", [(50, 0), (50, 3, 0), (50, 0, 4)])
+def test_rows_of_zero_bytes_are_refused_at_the_call(shape: tuple[int, ...]) -> None:
+    with pytest.raises(af.ShapeError, match=r"hold no data"):
+        af.from_arrays(np.zeros(shape, np.float32), np.arange(50), batch_size=8)
+
+
+def test_map_batch_returning_rows_of_zero_bytes_is_refused() -> None:
+    with pytest.raises(af.MapBatchError, match=r"hold no data"):
+        af.from_arrays(np.zeros((50, 3), np.float32), map_batch=lambda x: x[:, :0], batch_size=8)

@@ -179,3 +179,17 @@ def test_stream_is_the_same_whatever_threads_and_storage(write: Any) -> None:
     for other in streams[1:]:
         for got, expected in zip(other, streams[0], strict=True):
             _assert_same_batches(got, expected)
+
+
+@pytest.mark.parametrize("start", [{"start_epoch": 1}, {"start_step": 2}])
+def test_resuming_with_a_drawn_seed_is_refused(start: dict[str, int]) -> None:
+    with pytest.raises(af.ConfigError, match=r"pass the `seed` used before"):
+        af.from_arrays(np.arange(N), batch_size=10, **start)
+    # Without shuffling there is nothing to repeat: the seed does not matter.
+    af.from_arrays(np.arange(N), batch_size=10, shuffle=False, **start)
+
+
+def test_resume_callback_refuses_a_drawn_seed() -> None:
+    with pytest.raises(af.ConfigError, match=r"fixed seed"):
+        af.ResumeCallback(af.from_arrays(np.arange(N), batch_size=10))
+    af.ResumeCallback(af.from_arrays(np.arange(N), batch_size=10, seed=3))

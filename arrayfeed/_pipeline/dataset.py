@@ -114,7 +114,14 @@ def from_arrays(
     if map_batch is not None and not callable(map_batch):
         raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
     start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
+    if seed is None and mode != "none" and start != (0, 0):
+        raise ConfigError(
+            f"resuming at `start_epoch={start[0]}, start_step={start[1]}` needs the seed of the "
+            "run being resumed, but `seed` is None (a new random seed, so a different stream); "
+            "pass the `seed` used before (and use a fixed seed from the first run on)."
+        )
     feed = Feed(sources, treedef, plan, map_batch=map_batch, num_threads=num_threads)
+    feed.seed_drawn = seed is None
     feed.seek(*start)
     ds = _dataset(feed, sharded_by_us=ours, first_pass_short=start[1] > 0)
     register(ds, feed)

@@ -92,6 +92,8 @@ class Feed:
         self.num_threads = num_threads or default_num_threads()
         self._lock = threading.Lock()
         self._next = (start_epoch, start_step)
+        #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
+        self.seed_drawn = False
         if map_batch is None:
             self.treedef = treedef
             self.specs = [LeafSpec(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources]
@@ -305,6 +307,11 @@ class Feed:
                 )
             if array.dtype.hasobject or array.dtype.kind in "USVMm":
                 raise DtypeError(f"`{name}` has dtype {array.dtype}, which TensorFlow cannot take.")
+            if 0 in array.shape[1:]:
+                raise MapBatchError(
+                    f"`{name}` has rows of shape {array.shape[1:]}, which hold no data; TensorFlow "
+                    "cannot feed zero-size batches. Return rows with at least one element."
+                )
             specs.append(LeafSpec(tuple(array.shape[1:]), native_dtype(array.dtype)))
         return treedef, specs
 

@@ -58,6 +58,13 @@ class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 "derived from such a dataset by tf.data transformations; pass the dataset that "
                 "from_arrays returned."
             )
+        for feed in self._feeds:
+            if feed.seed_drawn and feed.plan.shuffle != "none":
+                raise ConfigError(
+                    "ResumeCallback needs a dataset with a fixed seed: this one was built with "
+                    "`seed=None`, so a restarted process would draw another seed and train on "
+                    "other batches. Pass `seed=` to from_arrays (the same one in every run)."
+                )
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         steps = (self.params or {}).get("steps")
