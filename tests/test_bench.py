@@ -98,3 +98,8 @@ def test_arrays_at_errors(tmp_path: Path) -> None:
         arrays_at([str(tmp_path / "a.npy"), f"a={tmp_path / 'a.npy'}"])
     with pytest.raises(af.SourceNotFoundError):
         arrays_at([str(tmp_path / "missing.npy")])
+
+
+def test_bench_on_fewer_rows_than_a_batch_is_an_error() -> None:
+    with pytest.raises(af.ConfigError, match="too few rows for one batch"):
+        af.bench({"x": np.zeros((10, 2), np.float32)}, batch_size=256, seconds=0.1)

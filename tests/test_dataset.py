@@ -386,3 +386,34 @@ def test_rows_of_zero_bytes_are_refused_at_the_call(shape: tuple[int, ...]) -> N
 def test_map_batch_returning_rows_of_zero_bytes_is_refused() -> None:
     with pytest.raises(af.MapBatchError, match=r"hold no data"):
         af.from_arrays(np.zeros((50, 3), np.float32), map_batch=lambda x: x[:, :0], batch_size=8)
+
+
+def test_a_two_argument_map_batch_is_told_it_receives_one_element() -> None:
+    x, y = np.zeros((10, 2)), np.zeros(10)
+    with pytest.raises(af.ConfigError, match=r"takes 2 arguments \(x, y\).*\(x, y\)"):
+        af.from_arrays(x, y, map_batch=lambda x, y: (x, y), batch_size=2)
+    ds = af.from_arrays(x, y, map_batch=lambda batch, scale=2: (batch[0] * scale, batch[1]))
+    assert len(ds) == 1
+
+
+def test_plain_lists_and_sparse_matrices_get_the_fix() -> None:
+    import scipy.sparse
+
+    with pytest.raises(af.StructureError, match=r"list of numbers.*np\.asarray\(x\)"):
+        af.from_arrays([1.0, 2.0, 3.0], batch_size=2)
+    with pytest.raises(af.StructureError, match=r"list of numbers"):
+        af.from_arrays(np.zeros((2, 2)), [[1, 2], [3, 4]], batch_size=2)
+    with pytest.raises(af.StructureError, match=r"scipy\.sparse .*\.toarray\(\)"):
+        af.from_arrays(scipy.sparse.csr_matrix(np.eye(5)), batch_size=2)
+
+
+def test_a_closed_h5py_dataset_is_named_with_the_fix(tmp_path: Path) -> None:
+    import h5py
+
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.zeros((10, 2))
+    f = h5py.File(tmp_path / "a.h5", "r")
+    dataset = f["x"]
+    f.close()
+    with pytest.raises(af.SourceUnavailableError, match=r"file is closed.*open_array"):
+        af.from_arrays(dataset, batch_size=2)

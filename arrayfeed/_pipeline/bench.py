@@ -111,6 +111,11 @@ def bench(
     for name, source in sources.items():
         check_feedable(source, name)
     n = min(len(s) for s in sources.values())
+    if n < batch_size:
+        raise ConfigError(
+            f"too few rows for one batch: the arrays have {n} rows and `batch_size` is "
+            f"{batch_size}; measure more data or a smaller batch (--batch-size)."
+        )
     bytes_per_row = row_bytes(sources.values())
     rates = {mode: _timed_pass(sources, batch_size, mode, seconds) for mode in modes}
     chunked = {name: rows for name, s in sources.items() if (rows := chunked_rows(s))}

@@ -5,6 +5,7 @@ The only module that imports TensorFlow, and the one place where ``output_signat
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
@@ -111,8 +112,8 @@ def from_arrays(
     )
     if num_threads is not None:
         num_threads = integer(num_threads, "num_threads", low=1)
-    if map_batch is not None and not callable(map_batch):
-        raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
+    if map_batch is not None:
+        _check_map_batch(map_batch, y is not None)
     start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
     if seed is None and mode != "none" and start != (0, 0):
         raise ConfigError(
@@ -162,6 +163,30 @@ def _sources_of(x: Any, y: Any, sample_weight: Any) -> tuple[Treedef, list[Any]]
             "trim or align them before calling from_arrays."
         )
     return treedef, sources
+
+
+def _check_map_batch(map_batch: Any, has_y: bool) -> None:
+    """Refuse what cannot be a ``map_batch``: not callable, or needing more than one argument
+    (the ``Dataset.map(lambda x, y: ...)`` habit; ``map_batch`` receives the element whole)."""
+    if not callable(map_batch):
+        raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
+    try:
+        parameters = inspect.signature(map_batch).parameters.values()
+    except (TypeError, ValueError):  # a builtin or extension without a signature: try it
+        return
+    required = [
+        p
+        for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(required) > 1:
+        element = "the tuple `(x, y)` (or `(x, y, sample_weight)`)" if has_y else "`x`"
+        names = ", ".join(p.name for p in required)
+        raise ConfigError(
+            f"`map_batch` takes {len(required)} arguments ({names}), but it is called with one: "
+            f"the whole batch, {element}, in the element's structure. Take one argument and "
+            "unpack it, e.g. `map_batch=lambda batch: (f(batch[0]), batch[1])`."
+        )
 
 
 def _resolve_shard(shard: ShardArg) -> tuple[Shard, bool]:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .._errors import StructureError
 
 __all__ = ["Treedef", "flatten"]
@@ -58,6 +60,15 @@ class Treedef:
         return names
 
 
+def _numbers(node: list[Any], is_leaf: Callable[[Any], bool]) -> bool:
+    """True for a (nested) list whose first items are plain numbers that are not leaves: data
+    meant as an array, not a structure."""
+    first = node[0]
+    while isinstance(first, list) and first:
+        first = first[0]
+    return isinstance(first, (int, float, complex, np.generic)) and not is_leaf(first)
+
+
 def flatten(
     structure: Any, is_leaf: Callable[[Any], bool], name: str = "value"
 ) -> tuple[list[Any], Treedef]:
@@ -92,8 +103,19 @@ def _flatten(node: Any, is_leaf: Callable[[Any], bool], path: str, leaves: list[
             raise StructureError(
                 f"`{path}` is an empty {type(node).__name__}; give it at least one array."
             )
+        if isinstance(node, list) and _numbers(node, is_leaf):
+            raise StructureError(
+                f"`{path}` is a list of numbers; a list is read as a structure (one array per "
+                f"item), not as data. Wrap the data in an array: `np.asarray({path})`."
+            )
         children = tuple(_flatten(v, is_leaf, f"{path}[{i}]", leaves) for i, v in enumerate(node))
         return Treedef("tuple", children)
+    if type(node).__module__.startswith("scipy.sparse"):
+        raise StructureError(
+            f"`{path}` is a scipy.sparse {type(node).__name__}, which arrayfeed does not read; "
+            f"pass `{path}.toarray()` if it fits in memory, or store it densely (e.g. as a .npy "
+            "file or with `arrayfeed convert`)."
+        )
     raise StructureError(
         f"`{path}` is a {type(node).__module__}.{type(node).__qualname__}, which is not an array-like "
         "(NumPy array, np.memmap, h5py.Dataset, zarr.Array, path to a .npy file, or "

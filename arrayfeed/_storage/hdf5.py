@@ -184,6 +184,12 @@ def _h5_byte_offset(dataset: h5py.Dataset) -> int | None:
 
 def h5_source(dataset: h5py.Dataset, *, owns_file: bool = False) -> Source:
     """The fastest source for an HDF5 dataset: memory-mapped when contiguous, else h5py reads."""
+    if not dataset.id.valid:
+        raise SourceUnavailableError(
+            "an h5py.Dataset whose file is closed was given; keep the h5py.File open while the "
+            "dataset is built, or pass the path instead: `arrayfeed.open_array('file.h5', 'key')` "
+            "(which reopens the file in every process)."
+        )
     offset = _h5_byte_offset(dataset)
     if offset is not None:
         return H5ContiguousSource(dataset, offset)
