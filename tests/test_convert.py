@@ -674,3 +674,53 @@ def test_doctests() -> None:
     module = _convert
 
     assert doctest.testmod(module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+_FSIZE_SCRIPT = """
+import gc, resource, signal, sys
+import numpy as np
+import arrayfeed as af
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    af.convert({"x": np.random.default_rng(0).standard_normal((100_000, 8))}, sys.argv[1],
+               compression=sys.argv[2], progress=False)
+except af.DestinationError as exc:
+    print("DestinationError:", exc)
+gc.collect()
+print("alive")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["none", "lzf", "gzip"])
+def test_a_file_size_limit_is_a_destination_error_and_the_process_stays_healthy(
+    tmp_path: Path, compression: str
+) -> None:
+    """A failed HDF5 write closes the file before its workspace goes: the next garbage collection
+    and the interpreter's exit do not crash (they did, with SIGSEGV)."""
+    out = tmp_path / "out" / "train.h5"
+    out.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _FSIZE_SCRIPT, str(out), compression],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DestinationError: `output` grew past the largest file allowed here" in done.stdout
+    assert "train.h5" in done.stdout and ".arrayfeed-" not in done.stdout
+    assert done.stdout.rstrip().endswith("alive")
+    assert list(out.parent.iterdir()) == []
+
+
+def test_errno_in_an_hdf5_message_is_read() -> None:
+    error = OSError("Can't synchronously write data (file write failed: errno = 28, ...)")
+    assert isinstance(
+        _convert._destination_error(error, Path("/d/o.h5"), 10), af.DestinationError
+    )
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded")
+    assert "no space left" in str(_convert._destination_error(quota, Path("/d/o.h5"), 10))
+    read_only = OSError("file write failed: errno = 30, error message = 'Read-only file system'")
+    assert "cannot write in '/d'" in str(_convert._destination_error(read_only, Path("/d/o.h5"), 1))

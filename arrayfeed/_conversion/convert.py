@@ -236,17 +236,33 @@ def _writing(output: Path, total: int) -> Iterator[None]:
         raise error from exc
 
 
+def _errno(exc: OSError) -> int | None:
+    """The errno of ``exc``; HDF5 (through h5py) only writes it into the message."""
+    if exc.errno is not None:
+        return exc.errno
+    found = re.search(r"errno = (\d+)", str(exc))
+    return int(found.group(1)) if found else None
+
+
 def _destination_error(exc: OSError, output: Path, total: int) -> OSError:
-    text = str(exc)
-    if exc.errno in _SPACE_ERRNOS or "No space left" in text or "errno = 28" in text:
+    code = _errno(exc)
+    if code in _SPACE_ERRNOS or "No space left" in str(exc):
         return DestinationError(
             f"no space left on the device of '{output.parent}' while writing `output` "
             f"({format_bytes(total)} before compression); nothing was written to '{output}'. "
             "Free some space or choose another `output`."
         )
-    if exc.errno in _ACCESS_ERRNOS:
+    if code == errno.EFBIG:
         return DestinationError(
-            f"cannot write in '{output.parent}' ({exc.strerror}); nothing was written to "
+            f"`output` grew past the largest file allowed here (a file-size limit such as "
+            f"`ulimit -f`, or the file system's own) while writing {format_bytes(total)} before "
+            f"compression; nothing was written to '{output}'. Raise the limit, or choose an "
+            "`output` on a file system that takes larger files (or a .zarr store, which writes "
+            "one file per chunk)."
+        )
+    if code in _ACCESS_ERRNOS:
+        return DestinationError(
+            f"cannot write in '{output.parent}' ({os.strerror(code)}); nothing was written to "
             f"'{output}'. Choose an `output` in a writable directory."
         )
     return exc

@@ -1,8 +1,10 @@
 """HDF5 through h5py: every fact arrayfeed knows about HDF5 lives here.
 
 - **Sources.** A contiguous, unfiltered dataset is memory-mapped at its byte offset
-  (:class:`H5ContiguousSource`); any other dataset is read through h5py (:class:`H5Source`),
-  reopened read-only by file name in any other process.
+  (:class:`H5ContiguousSource`); any other dataset is an :class:`H5Source`, reopened read-only
+  by file name in any other process. A chunked one is read as raw chunks decoded in the reader
+  thread, outside h5py's global lock (:mod:`.h5chunks`), when its filters, type and file allow;
+  else through h5py.
 - **Filters.** One table of registered filter ids (:data:`FILTER_NAMES`); a dataset compressed
   with a filter that this HDF5 build cannot decode is refused when its source is created, naming
   the filter (h5py itself fails only at the first read).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ import numpy as np
 from .._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError, SourceUnavailableError
 from .base import GZIP_LEVEL, ArrayLayout, Indices, Source, StoredArrays, StoreInfo, run_bounds
 from .fingerprint import Fingerprint
+from .h5chunks import ChunkFile, ChunkLayout
 from .memory import MappedSource
 from .record import MARKER, ConversionRecord, parse_record
 
@@ -91,6 +95,10 @@ class H5Source:
         self._swmr = bool(dataset.file.swmr_mode)
         check_filters(dataset, self.name)
         self.fingerprint = h5_fingerprint(dataset)
+        # Raw-chunk reader of this process (see chunk_reader); None: not looked at yet.
+        self._chunk_reader: ChunkFile | str | None = None
+        self._reader_pid = -1
+        self._reader_lock = threading.Lock()
 
     @property
     def dataset(self) -> h5py.Dataset:
@@ -116,7 +124,33 @@ class H5Source:
     def __len__(self) -> int:
         return self._shape[0] if self._shape else 0
 
+    def chunk_reader(self) -> ChunkFile | None:
+        """This process's reader of raw chunks decoded outside h5py's lock, or None when the
+        dataset is read through h5py (:attr:`read_path` says why). Looked at once per process:
+        a copy in another process opens the file read-only and may qualify where a caller's
+        writable handle did not."""
+        reader = self._chunk_reader
+        if reader is None or self._reader_pid != os.getpid():
+            with self._reader_lock:
+                if self._chunk_reader is None or self._reader_pid != os.getpid():
+                    dataset = self.dataset
+                    layout = ChunkLayout.of(dataset)
+                    opened = layout if isinstance(layout, str) else layout.open(dataset)
+                    self._chunk_reader, self._reader_pid = opened, os.getpid()
+                reader = self._chunk_reader
+        return reader if isinstance(reader, ChunkFile) else None
+
+    @property
+    def read_path(self) -> str:
+        """How this process reads the dataset: ``"chunks"`` (raw chunks decoded in the reader
+        threads), or ``"h5py: <why>"``."""
+        reader = self.chunk_reader()
+        return "chunks" if reader is not None else f"h5py: {self._chunk_reader}"
+
     def read(self, indices: Indices) -> np.ndarray:
+        reader = self.chunk_reader()
+        if reader is not None:
+            return reader.read(indices)
         run = run_bounds(indices)
         if run is not None:
             return np.asarray(self.dataset[run[0] : run[1]])
@@ -132,16 +166,26 @@ class H5Source:
         return out
 
     def read_run(self, start: int, stop: int) -> np.ndarray:
+        reader = self.chunk_reader()
+        if reader is not None:
+            out = np.empty((stop - start, *self._shape[1:]), dtype=self._dtype)
+            reader.read_range_into(start, stop, out)
+            return out
         return np.asarray(self.dataset[start:stop])
 
     def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        self.dataset.read_direct(out, np.s_[start:stop])
+        reader = self.chunk_reader()
+        if reader is not None:
+            reader.read_range_into(start, stop, out)
+        else:
+            self.dataset.read_direct(out, np.s_[start:stop])
 
     @property
     def chunk_rows(self) -> int | None:
-        """Rows per chunk along axis 0, or None for a contiguous dataset."""
+        """Rows per chunk along axis 0 (at most the dataset's rows: a resizable dataset's chunks
+        may hold more), or None for a contiguous dataset."""
         chunks = self.dataset.chunks
-        return int(chunks[0]) if chunks else None
+        return (min(int(chunks[0]), len(self)) or None) if chunks else None
 
     @property
     def chunks(self) -> tuple[int, ...] | None:
@@ -151,6 +195,8 @@ class H5Source:
 
     def close(self) -> None:
         """Close the file, if this source opened it (a caller's own ``h5py.File`` stays open)."""
+        # The chunk reader's descriptor closes when the last thread still reading drops it.
+        self._chunk_reader, self._reader_pid = None, -1
         dataset, self._dataset = self._dataset, None
         if dataset is not None and (self._owns_file or self._pid != os.getpid()):
             with contextlib.suppress(Exception):  # closing is best effort
@@ -160,7 +206,13 @@ class H5Source:
         state = self.__dict__.copy()
         state["_dataset"], state["_pid"] = None, -1
         state["_owns_file"] = True  # a copy opens the file itself
+        state["_chunk_reader"], state["_reader_pid"] = None, -1
+        del state["_reader_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reader_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"H5Source({self.name!r}, shape={self.shape}, dtype={self.dtype})"
@@ -324,7 +376,10 @@ class H5Writer:
         chunk_rows: int | None,
         compression: str,
     ) -> None:
-        self.file = h5py.File(path, "w")
+        # No chunk cache: a conversion writes whole chunks, so caching gains nothing, and a write
+        # that fails (a full disk, a file-size limit) must not leave dirty chunks that HDF5 tries
+        # to flush again when the file is closed later (at exit that crashed the process).
+        self.file = h5py.File(path, "w", rdcc_nbytes=0)
         self.datasets: dict[str, h5py.Dataset] = {}
         for name, (shape, dtype) in arrays.items():
             options: dict[str, Any] = {}
@@ -347,7 +402,17 @@ class H5Writer:
         self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        """Close the file; after a failed write, every HDF5 object of it is closed regardless,
+        so that nothing of the file outlives its workspace."""
+        self.datasets.clear()
+        try:
+            self.file.close()
+        except Exception:
+            for ident in h5py.h5f.get_obj_ids(self.file.id):
+                with contextlib.suppress(Exception):
+                    while ident.valid:
+                        ident._close()
+            raise
 
 
 def describe_filters(dataset: h5py.Dataset) -> str:
