@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeAlias
 
 import tensorflow as tf
@@ -126,7 +127,32 @@ def from_arrays(
     feed.seek(*start)
     ds = _dataset(feed, sharded_by_us=ours, first_pass_short=start[1] > 0)
     register(ds, feed)
+    # The dataset object owns the feed: tf.data keeps the generator callable alive after the
+    # dataset is gone, so that callable holds the feed only weakly (see _WeakFeed), and the feed's
+    # files, buffers and threads go with the dataset and its iterators. Datasets derived by
+    # tf.data transformations keep this one (and so the feed) alive through their inputs.
+    ds._arrayfeed_feed = feed
     return ds
+
+
+class _WeakFeed:
+    """The generator callable handed to ``from_generator``: it holds the feed weakly.
+
+    A running epoch (the generator ``feed()`` returns) holds the feed itself, so an iterator keeps
+    its feed alive for as long as it runs, even after the dataset is deleted.
+    """
+
+    def __init__(self, feed: Feed) -> None:
+        self._feed = weakref.ref(feed)
+
+    def __call__(self) -> Iterator[Any]:
+        feed = self._feed()
+        if feed is None:
+            raise RuntimeError(
+                "the arrayfeed dataset this iterator belongs to was deleted before the iterator "
+                "read anything; keep a reference to the dataset while iterating it."
+            )
+        return feed()
 
 
 def _sources_of(x: Any, y: Any, sample_weight: Any) -> tuple[Treedef, list[Any]]:
@@ -220,7 +246,7 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
             for spec in feed.specs
         ]
     )
-    ds = tf.data.Dataset.from_generator(feed, output_signature=signature)
+    ds = tf.data.Dataset.from_generator(_WeakFeed(feed), output_signature=signature)
     if feed.stacked:
         ds = ds.unbatch()
     ds = ds.prefetch(2)
