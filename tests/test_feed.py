@@ -163,3 +163,30 @@ def test_default_threads_follow_the_cpu_affinity(monkeypatch: pytest.MonkeyPatch
     assert feed_module.default_num_threads() == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert feed_module.default_num_threads() == 8
+
+
+def test_a_slow_map_batch_is_mapped_batch_by_batch_on_every_thread() -> None:
+    """Groups shrink to one batch when map_batch is slow, so N threads map N batches at once."""
+    import time
+
+    x = np.zeros((64 * 12, 4), np.float32)
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def slow(batch: np.ndarray) -> np.ndarray:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return batch
+
+    sources = [ArraySource(x)]
+    _, treedef = flatten(x, lambda o: isinstance(o, np.ndarray), "x")
+    plan = Plan(n_rows=len(x), batch_size=64, shuffle="none")
+    feed = Feed(sources, treedef, plan, map_batch=slow, num_threads=3)
+    assert feed.group_steps == 1
+    batches = list(feed.epoch(0))
+    assert len(batches) == 12 and peak[0] == 3
+    cheap = Feed(sources, treedef, plan, map_batch=lambda b: b + 1, num_threads=3)
+    assert cheap.group_steps > 12  # cheap: groups sized by bytes, several batches each

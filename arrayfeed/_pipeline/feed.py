@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +42,10 @@ __all__ = ["Feed", "LeafSpec", "default_num_threads", "usable_cores"]
 GROUP_BYTES = 16 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
+#: Most seconds of ``map_batch`` work per group: a group is mapped batch after batch in one
+#: reader thread before it is yielded, so a slow ``map_batch`` gets groups of few batches (one
+#: batch when a call takes this long), and N threads map N of them at once.
+GROUP_MAP_SECONDS = 0.005
 
 
 def usable_cores() -> int:
@@ -94,18 +99,22 @@ class Feed:
         self._next = (start_epoch, start_step)
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
         self.seed_drawn = False
+        map_seconds = 0.0
         if map_batch is None:
             self.treedef = treedef
             self.specs = [LeafSpec(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources]
         else:
-            self.treedef, self.specs = self._probe_map_batch()
+            self.treedef, self.specs, map_seconds = self._probe_map_batch()
         # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
         # rows must not make groups read gigabytes.
         out_bytes = sum(
             int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
         )
         batch_bytes = max(1, max(row_bytes(self.sources), out_bytes) * plan.batch_size)
-        self.group_steps = int(max(1, min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
+        steps = min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)
+        if map_seconds > 0:
+            steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
+        self.group_steps = int(max(1, steps))
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
 
@@ -281,18 +290,21 @@ class Feed:
                 )
         return arrays
 
-    def _probe_map_batch(self) -> tuple[Treedef, list[LeafSpec]]:
-        """Run ``map_batch`` once on the first rows in storage order to learn its output."""
+    def _probe_map_batch(self) -> tuple[Treedef, list[LeafSpec], float]:
+        """Run ``map_batch`` once on the first rows in storage order to learn its output (and
+        how long it takes, per batch)."""
         assert self.map_batch is not None
         start, _ = self.plan.bounds
         rows = min(self.plan.batch_size, self.plan.rows_per_epoch)
         leaves = read_rows(self.sources, np.arange(start, start + rows, dtype=np.int64))
+        started = time.perf_counter()
         try:
             result = self.map_batch(self.in_treedef.unflatten(leaves))
         except Exception as exc:
             raise MapBatchError(
                 f"`map_batch` raised {type(exc).__name__} on a first batch of {rows} rows: {exc}"
             ) from exc
+        seconds = (time.perf_counter() - started) * self.plan.batch_size / max(1, rows)
         try:
             out_leaves, treedef = flatten(result, _is_array, "map_batch(...)")
         except StructureError as exc:
@@ -313,7 +325,7 @@ class Feed:
                     "cannot feed zero-size batches. Return rows with at least one element."
                 )
             specs.append(LeafSpec(tuple(array.shape[1:]), native_dtype(array.dtype)))
-        return treedef, specs
+        return treedef, specs, seconds
 
 
 def _describe(treedef: Treedef) -> str:
