@@ -120,7 +120,9 @@ class Chunked(Protocol):
     """Optional capability: storage read in chunks of ``chunk_rows`` rows along axis 0.
 
     Reading any row of a chunk costs about as much as reading the whole chunk, so
-    ``shuffle="block"`` reads whole chunk-aligned blocks of such sources. None: not chunked.
+    ``shuffle="block"`` reads whole chunk-aligned blocks of such sources. ``chunk_rows`` is in
+    ``[1, len(source)]`` (a chunk longer than the array counts as the whole array), or None: not
+    chunked.
     """
 
     @property

@@ -168,6 +168,12 @@ class NpzMemberSource:
             self._zip.close()
         self._file = self._zip = self._whole = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The path, not the open archive: a copy opens the member again when it reads.
+        state = self.__dict__.copy()
+        state["_zip"] = state["_file"] = state["_whole"] = None
+        return state
+
 
 def open_npz(path: Path, key: str | None) -> Source:
     """The array ``key`` of a ``.npz`` archive, loaded into memory (members cannot be mapped)."""
