@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._conversion.convert import convert
 from ._conversion.inspect import InspectReport, inspect
+from ._conversion.verify import VerifyReport, verify
 from ._errors import (
     ArrayfeedError,
     ConfigError,
@@ -80,6 +81,7 @@ __all__ = [
     "SourceNotFoundError",
     "SourceUnavailableError",
     "StructureError",
+    "VerifyReport",
     "__version__",
     "bench",
     "convert",
@@ -88,5 +90,6 @@ __all__ = [
     "from_arrays",
     "inspect",
     "open_array",
+    "verify",
     "written_by_arrayfeed",
 ]

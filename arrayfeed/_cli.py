@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from ._conversion.convert import convert
 from ._conversion.inspect import inspect
 from ._conversion.layout import COMPRESSIONS, format_bytes
+from ._conversion.verify import verify
 from ._errors import ArrayfeedError, ConfigError
 from ._version import __version__
 
@@ -198,15 +199,34 @@ def _run_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_verify(subparsers: SubParsers) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="re-read a store written by `arrayfeed convert` and check it against its record",
+        description="Read every array of an HDF5 file or Zarr store that `arrayfeed convert` "
+        "wrote, check each chunk's own checksum and each array's CRC-32 against the record "
+        "stored with it, and print a one-line verdict. Exit 1 (naming the array and chunk) on "
+        "any mismatch.",
+    )
+    parser.add_argument("path", metavar="PATH")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    print(verify(args.path, progress=False if args.quiet else None))
+    return 0
+
+
 #: Subcommands, in the order ``--help`` lists them.
-COMMANDS: list[Callable[[SubParsers], None]] = [_add_convert, _add_inspect, _add_bench]
+COMMANDS: list[Callable[[SubParsers], None]] = [_add_convert, _add_inspect, _add_verify, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``arrayfeed`` argument parser with every subcommand of :data:`COMMANDS`."""
     parser = _Parser(
         prog="arrayfeed",
-        description="Tools for the arrays arrayfeed feeds to tf.data: convert, inspect, bench.",
+        description="Tools for the arrays arrayfeed feeds to tf.data: convert, inspect, verify, bench.",
     )
     parser.add_argument("--version", action="version", version=f"arrayfeed {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -385,6 +385,10 @@ class H5Writer:
             options: dict[str, Any] = {}
             if chunk_rows is not None:
                 options["chunks"] = (chunk_rows, *shape[1:])
+                # A checksum per chunk: a flipped bit is a read error, never wrong values (LZF
+                # has no checksum of its own). HDF5 needs chunks for it: contiguous data is
+                # checked against the record's CRC-32 by `arrayfeed verify`.
+                options["fletcher32"] = True
             if compression != "none":
                 options["compression"] = compression
                 if compression == "gzip":

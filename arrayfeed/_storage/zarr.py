@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import zarr
 from zarr.abc.store import ByteRequest, Store
-from zarr.codecs import BloscCodec, GzipCodec
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, WrapperStore
 
@@ -91,7 +91,7 @@ class ZarrSource:
         self._read(np.arange(start, stop, dtype=np.int64), out)
 
     def read_run(self, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self.array[start:stop])
+        return self._read(np.arange(start, stop, dtype=np.int64), None)
 
     def range_pieces(self, start: int, stop: int) -> int:
         """Chunks rows ``[start, stop)`` touch when read chunk by chunk, else one piece."""
@@ -136,9 +136,10 @@ class ZarrSource:
 
     @property
     def chunk_rows(self) -> int | None:
-        """Rows per stored object along axis 0: the shard when sharded, else the chunk."""
+        """Rows per stored object along axis 0: the shard when sharded, else the chunk (at most
+        the array's rows: Zarr allows chunks longer than the array)."""
         shards = self.array.shards
-        return int((shards or self.array.chunks)[0])
+        return min(int((shards or self.array.chunks)[0]), len(self)) or None
 
     @property
     def chunks(self) -> tuple[int, ...]:
@@ -407,7 +408,8 @@ class ZarrWriter:
                 shape=shape,
                 dtype=dtype,
                 chunks=(chunk_rows, *shape[1:]),
-                compressors=_zarr_compressors(compression),
+                # A CRC-32C per chunk: a flipped bit is a read error, never wrong values.
+                compressors=[*(_zarr_compressors(compression) or []), Crc32cCodec()],
                 config={"write_empty_chunks": True},
             )
 
