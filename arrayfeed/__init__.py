@@ -1,9 +1,10 @@
-"""arrayfeed: feed arrays on disk (``.npy`` memmaps, HDF5, Zarr) into ``tf.data`` for Keras.
+"""arrayfeed: feed arrays on disk (``.npy`` memmaps, HDF5, Zarr) into ``tf.data`` for Keras,
+or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch.
 
 >>> import numpy as np, arrayfeed as af
 >>> ds = af.from_arrays(np.zeros((100, 3), np.float32), np.arange(100), batch_size=32, seed=0)
->>> len(ds)
-4
+>>> len(ds), len(af.batches(np.zeros((100, 3), np.float32), batch_size=32, seed=0))
+(4, 4)
 """
 
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from ._errors import (
     SourceUnavailableError,
     StructureError,
 )
+from ._pipeline.batches import Batches, batches
 from ._pipeline.bench import BenchReport, bench
 from ._pipeline.shard import Shard
 from ._storage import (
@@ -42,10 +44,9 @@ if TYPE_CHECKING:
     from ._pipeline.keras import ResumeCallback
 
 
-
 def __getattr__(name: str) -> Any:
-    # TensorFlow is imported on first use of `from_arrays` (or `distribute`), so that the CLI and
-    # conversion (which do not need it) start fast.
+    # TensorFlow is imported on first use of `from_arrays` (or `distribute`), so that the CLI,
+    # conversion and `batches` (which do not need it) start fast and run without it.
     if name == "from_arrays":
         from ._pipeline.dataset import from_arrays
 
@@ -63,6 +64,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ArrayfeedError",
+    "Batches",
     "BenchReport",
     "Chunked",
     "ConfigError",
@@ -83,6 +85,7 @@ __all__ = [
     "StructureError",
     "VerifyReport",
     "__version__",
+    "batches",
     "bench",
     "convert",
     "distribute",

@@ -1,4 +1,5 @@
-"""The distributed examples run as documented (each in well under a minute)."""
+"""The examples run as documented (each in well under a minute); the JAX and PyTorch ones when
+that framework is installed (arrayfeed does not depend on either)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,25 @@ def test_multi_worker_example() -> None:
             line += rf"ids {ids}\)"
             assert re.search(line, out), out
     assert "2 workers finished with exit codes [0, 0]" in out
+
+
+@pytest.mark.slow
+def test_jax_example() -> None:
+    pytest.importorskip("jax", reason="JAX is not installed (pip install 'jax[cpu]')")
+    out = run_example("jax_train.py")
+    assert "20000 rows, 78 steps per epoch" in out, out
+    for epoch in (1, 2, 3):
+        assert re.search(rf"^epoch {epoch}: 78 steps, loss [0-9.]+, accuracy [0-9.]+", out, re.M)
+    # The last checkpoint follows batch 59 of the third epoch (index 2): the stream continues
+    # at step 60, 18 batches before that epoch ends.
+    assert "last checkpoint: epoch 2, step 60; a restart from it trains the 18 remaining" in out
+
+
+@pytest.mark.slow
+def test_torch_example() -> None:
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+    out = run_example("torch_train.py")
+    assert "20000 rows, 79 steps per epoch" in out, out
+    for epoch in (1, 2, 3):
+        line = rf"^epoch {epoch}: 20000 rows, loss [0-9.]+, accuracy [0-9.]+, .* "
+        assert re.search(line + rf"next position \({epoch}, 0\)$", out, re.M), out

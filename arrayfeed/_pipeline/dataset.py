@@ -1,31 +1,28 @@
 """The tf.data glue: ``from_arrays`` builds the ``tf.data.Dataset``.
 
-The only module that imports TensorFlow, and the one place where ``output_signature`` is built.
+The arguments are checked and the feed is built by :mod:`.build` (shared with
+:func:`arrayfeed.batches`); this module turns the feed into a dataset. With ``keras.py`` and
+``distribute.py`` the only modules that import TensorFlow, and the one place where
+``output_signature`` is built.
 """
 
 from __future__ import annotations
 
-import inspect
-import os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeAlias
 
 import tensorflow as tf
 
-from .._dtypes import check_feedable
-from .._errors import ConfigError, ShapeError, StructureError
-from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
-from .._validate import flag, integer
+from .build import build_feed
 from .feed import Feed
-from .plan import Plan, block_layout, check_position, shuffle_mode
 from .resume import register
 from .shard import Shard
-from .structure import Treedef, flatten
 
 __all__ = ["from_arrays"]
 
 ShardArg: TypeAlias = "Shard | tf.distribute.InputContext | Literal['auto'] | None"
+_SHARD_KINDS = "'auto', None, arrayfeed.Shard(count, index) or a tf.distribute.InputContext"
 
 
 def from_arrays(
@@ -97,35 +94,25 @@ def from_arrays(
     >>> [b[1].numpy().tolist() for b in ds]
     [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     """
-    treedef, sources = _sources_of(x, y, sample_weight)
-    resolved, ours = _resolve_shard(shard)
-    mode = shuffle_mode(shuffle)
-    block_rows, window_blocks = _block_layout(sources) if mode == "block" else (1, 1)
-    plan = Plan(
-        n_rows=len(sources[0]),
+    if isinstance(shard, tf.distribute.InputContext):  # recognising it needs TensorFlow
+        shard = Shard(shard.num_input_pipelines, shard.input_pipeline_id)
+    built = build_feed(
+        x,
+        y,
+        sample_weight,
         batch_size=batch_size,
-        shard=resolved,
-        drop_remainder=bool(flag(drop_remainder, "drop_remainder")),
-        shuffle=mode,
-        seed=int.from_bytes(os.urandom(8), "little") if seed is None else seed,
-        block_rows=block_rows,
-        window_blocks=window_blocks,
+        shuffle=shuffle,
+        seed=seed,
+        shard=shard,
+        drop_remainder=drop_remainder,
+        map_batch=map_batch,
+        num_threads=num_threads,
+        start_epoch=start_epoch,
+        start_step=start_step,
+        shard_kinds=_SHARD_KINDS,
     )
-    if num_threads is not None:
-        num_threads = integer(num_threads, "num_threads", low=1)
-    if map_batch is not None:
-        _check_map_batch(map_batch, y is not None)
-    start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
-    if seed is None and mode != "none" and start != (0, 0):
-        raise ConfigError(
-            f"resuming at `start_epoch={start[0]}, start_step={start[1]}` needs the seed of the "
-            "run being resumed, but `seed` is None (a new random seed, so a different stream); "
-            "pass the `seed` used before (and use a fixed seed from the first run on)."
-        )
-    feed = Feed(sources, treedef, plan, map_batch=map_batch, num_threads=num_threads)
-    feed.seed_drawn = seed is None
-    feed.seek(*start)
-    ds = _dataset(feed, sharded_by_us=ours, first_pass_short=start[1] > 0)
+    feed, start = built.feed, built.start
+    ds = _dataset(feed, sharded_by_us=built.sharded_by_us, first_pass_short=start[1] > 0)
     register(ds, feed)
     # The dataset object owns the feed: tf.data keeps the generator callable alive after the
     # dataset is gone, so that callable holds the feed only weakly (see _WeakFeed), and the feed's
@@ -153,87 +140,6 @@ class _WeakFeed:
                 "read anything; keep a reference to the dataset while iterating it."
             )
         return feed()
-
-
-def _sources_of(x: Any, y: Any, sample_weight: Any) -> tuple[Treedef, list[Any]]:
-    if x is None:
-        raise StructureError("`x` is None; give at least one array as `x`.")
-    if sample_weight is not None and y is None:
-        raise StructureError("`sample_weight` needs `y`; pass targets as `y` too.")
-    if y is None:
-        element, root = x, "x"
-    elif sample_weight is None:
-        element, root = (x, y), "(x, y)"
-    else:
-        element, root = (x, y, sample_weight), "(x, y, sample_weight)"
-    leaves, treedef = flatten(element, is_array_like, root)
-    if treedef.kind == "leaf":
-        names = ["x"]
-    else:
-        names = treedef.leaf_paths("")
-        if y is not None:  # "[0]['image']" reads better as "x['image']"
-            roots = ("x", "y", "sample_weight")
-            names = [roots[int(n[1])] + n[3:] for n in names]
-        else:
-            names = ["x" + n for n in names]
-    sources = []
-    for name, leaf in zip(names, leaves, strict=True):
-        source = as_source(leaf, name)
-        check_feedable(source, name)
-        sources.append(source)
-    lengths = {len(s) for s in sources}
-    if len(lengths) > 1:
-        listing = ", ".join(f"{n}: {len(s)}" for n, s in zip(names, sources, strict=True))
-        raise ShapeError(
-            f"all arrays must have the same number of rows (axis 0), got {listing}; "
-            "trim or align them before calling from_arrays."
-        )
-    return treedef, sources
-
-
-def _check_map_batch(map_batch: Any, has_y: bool) -> None:
-    """Refuse what cannot be a ``map_batch``: not callable, or needing more than one argument
-    (the ``Dataset.map(lambda x, y: ...)`` habit; ``map_batch`` receives the element whole)."""
-    if not callable(map_batch):
-        raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
-    try:
-        parameters = inspect.signature(map_batch).parameters.values()
-    except (TypeError, ValueError):  # a builtin or extension without a signature: try it
-        return
-    required = [
-        p
-        for p in parameters
-        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if len(required) > 1:
-        element = "the tuple `(x, y)` (or `(x, y, sample_weight)`)" if has_y else "`x`"
-        names = ", ".join(p.name for p in required)
-        raise ConfigError(
-            f"`map_batch` takes {len(required)} arguments ({names}), but it is called with one: "
-            f"the whole batch, {element}, in the element's structure. Take one argument and "
-            "unpack it, e.g. `map_batch=lambda batch: (f(batch[0]), batch[1])`."
-        )
-
-
-def _resolve_shard(shard: ShardArg) -> tuple[Shard, bool]:
-    """The shard this worker reads, and whether arrayfeed (not tf.data) does the sharding."""
-    if shard is None:
-        return Shard(1, 0), False
-    if isinstance(shard, str) and shard == "auto":
-        return Shard.from_env(), True
-    if isinstance(shard, Shard):
-        return shard, True
-    if isinstance(shard, tf.distribute.InputContext):
-        return Shard(shard.num_input_pipelines, shard.input_pipeline_id), True
-    raise ConfigError(
-        f"`shard` must be 'auto', None, arrayfeed.Shard(count, index) or a "
-        f"tf.distribute.InputContext (got {shard!r})."
-    )
-
-
-def _block_layout(sources: list[Source]) -> tuple[int, int]:
-    chunk_rows = [rows for rows in map(chunked_rows, sources) if rows]
-    return block_layout(chunk_rows, row_bytes(sources))
 
 
 def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False) -> tf.data.Dataset:

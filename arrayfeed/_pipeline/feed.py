@@ -1,13 +1,14 @@
 """The feed: turns a plan and sources into a stream of stacked batches, one epoch per call.
 
 No TensorFlow here. A :class:`Feed` is the generator function handed to
-``tf.data.Dataset.from_generator``: every call starts the next epoch (taken when the first element
-is requested, not when the iterator is created, so an iterator that is never read does not use up
-an epoch). Each element it yields is a *group* of consecutive batches stacked on a new leading
-axis, shape ``(steps_in_group, batch_rows, *row_shape)`` per leaf; the tf.data glue splits groups
-back into batches in the graph, which amortises the per-element cost of ``from_generator``.
-When one batch alone is about a group's size (large rows), batches are yielded one at a time,
-with no group axis (see :attr:`Feed.stacked`).
+``tf.data.Dataset.from_generator`` (and iterated by :class:`arrayfeed.Batches`): every call
+starts the next epoch (taken when the first element is requested, not when the iterator is
+created, so an iterator that is never read does not use up an epoch). Each element it yields is
+a *group* of consecutive batches stacked on a new leading axis, shape
+``(steps_in_group, batch_rows, *row_shape)`` per leaf; the tf.data glue splits groups back into
+batches in the graph (``Batches`` into NumPy views), which amortises the per-element cost of
+``from_generator``. When one batch alone is about a group's size (large rows), batches are
+yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
 Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order.
 """
@@ -18,7 +19,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -172,9 +173,15 @@ class Feed:
         Every source is verified first: a file changed since it was opened raises here, at the
         start of the epoch, before any of its rows are read.
         """
+        _, _, groups = self.take()
+        yield from groups
+
+    def take(self) -> tuple[int, int, Generator[Any, None, None]]:
+        """Take the next epoch now: ``(epoch, start_step, its groups)``, as :meth:`__call__` does
+        at its first request (sources verified), for callers that need to know the position."""
         epoch, start_step = self._take_epoch()
         verify_sources(self.sources)
-        yield from self.epoch(epoch, start_step)
+        return epoch, start_step, self.epoch(epoch, start_step)
 
     def seek(self, epoch: int, step: int = 0) -> None:
         """Make the next call (the next iteration of the dataset) start at ``step`` of ``epoch``."""
@@ -211,7 +218,7 @@ class Feed:
             bounds.append((full, full + 1))
         return bounds
 
-    def epoch(self, epoch: int, start_step: int = 0) -> Iterator[Any]:
+    def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
         """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order."""
         todo = deque(self.groups(start_step))
         depth = self.num_threads + 1

@@ -1,0 +1,203 @@
+"""NumPy batches without TensorFlow: :func:`batches`, for JAX, PyTorch or any Python loop.
+
+The feed is built by :mod:`.build` from the same arguments as :func:`arrayfeed.from_arrays`, so
+the two give the same stream, bit for bit. Where the tf.data glue splits each group of stacked
+batches in the graph, :class:`Batches` splits it here into NumPy views of the group's buffer; a
+view keeps that buffer referenced, so the feed's :class:`~.read.BufferPool` never reuses it while
+any batch of the group is alive.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .build import ShardSpec, build_feed
+from .feed import Feed
+from .structure import flatten
+
+__all__ = ["Batches", "batches"]
+
+
+def batches(
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    *,
+    batch_size: int = 32,
+    shuffle: bool | str = True,
+    seed: int | None = None,
+    shard: ShardSpec = "auto",
+    drop_remainder: bool = False,
+    map_batch: Callable[[Any], Any] | None = None,
+    num_threads: int | None = None,
+    start_epoch: int = 0,
+    start_step: int = 0,
+) -> Batches:
+    """Shuffled, sharded batches of NumPy arrays read from arrays on disk or in memory.
+
+    The same stream as :func:`arrayfeed.from_arrays` with the same arguments, bit for bit, without
+    TensorFlow: for JAX, PyTorch or a plain Python loop. Importing arrayfeed and iterating never
+    imports TensorFlow.
+
+    Args:
+        x: An array-like, or a tuple / list / dict (nesting allowed) of array-likes. Array-like:
+            ``np.ndarray`` (including ``np.memmap``), ``h5py.Dataset``, ``zarr.Array``, a path to a
+            ``.npy`` file (memory-mapped, never loaded whole) or what :func:`open_array` returns.
+            All leaves of ``x``, ``y`` and ``sample_weight`` must have the same length (axis 0).
+        y: Targets, the same kinds as ``x``; batches are ``(x, y)`` when given.
+        sample_weight: Per-row weights; batches are ``(x, y, sample_weight)``. Needs ``y``.
+        batch_size: Rows per batch on this worker.
+        shuffle: ``True`` (a fresh permutation of this worker's rows every epoch), ``False``
+            (storage order), or ``"block"``: the chunk-aware shuffle for chunked, compressed
+            storage (HDF5, Zarr), as in :func:`arrayfeed.from_arrays`.
+        seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
+            ``None`` draws one at random.
+        shard: ``"auto"`` (from the environment, see :meth:`Shard.from_env`: ``TF_CONFIG``, Slurm,
+            MPI, Horovod; one worker when nothing is set), ``None`` (no sharding) or
+            :class:`Shard` ``(count, index)``, e.g. ``Shard(jax.process_count(),
+            jax.process_index())`` or ``Shard(world_size, rank)`` under ``torchrun``. Worker
+            ``index`` reads the ``index``-th contiguous range of rows, shuffled within; every
+            worker runs the same number of steps.
+        drop_remainder: Leave out the last, short batch of each epoch, so every batch has
+            ``batch_size`` rows (one shape: one compilation under ``jax.jit``).
+        map_batch: A vectorized function called on each whole batch (NumPy arrays in the batch's
+            structure) returning a structure of arrays with the same batch size; the batches are
+            what it returns. It runs in reader threads, possibly concurrently.
+        num_threads: Reader threads (default: one per core, at most 8).
+        start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
+            after it.
+        start_step: Step (batch) of ``start_epoch`` where the first iteration starts, in
+            ``[0, len(batches))``; reached in O(1), nothing before it is read. Pass back a
+            saved :attr:`Batches.position` as ``(start_epoch, start_step)``.
+
+    Returns:
+        A :class:`Batches`: ``len()`` is the number of batches per epoch on this worker, and each
+        iteration (``for batch in b``) is the next epoch, taken when its first batch is
+        requested. Batches are ``x``, ``(x, y)`` or ``(x, y, sample_weight)`` of NumPy arrays
+        (lists become tuples, dicts stay dicts). Each array is fresh memory that nothing else
+        writes: keep it as long as you like, hand it to ``jax.device_put`` or
+        ``torch.from_numpy``.
+
+    Raises:
+        ArrayfeedError: The subclass and message :func:`arrayfeed.from_arrays` gives for the
+            same arguments (bad arguments, shapes, dtypes, files), when this is called; faults
+            only reading can find are raised by the iteration.
+
+    >>> import numpy as np, arrayfeed as af
+    >>> b = af.batches(np.arange(10.0), np.arange(10), batch_size=4, shuffle=False)
+    >>> len(b)
+    3
+    >>> [y.tolist() for x, y in b]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    >>> b.position  # where the next batch starts: epoch 1, step 0
+    (1, 0)
+    >>> [y.tolist() for x, y in af.batches(np.arange(10.0), np.arange(10), batch_size=4,
+    ...                                    shuffle=False, start_epoch=1, start_step=2)]
+    [[8, 9]]
+    """
+    built = build_feed(
+        x,
+        y,
+        sample_weight,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        shard=shard,
+        drop_remainder=drop_remainder,
+        map_batch=map_batch,
+        num_threads=num_threads,
+        start_epoch=start_epoch,
+        start_step=start_step,
+        caller="batches",
+    )
+    return Batches(built.feed)
+
+
+class Batches:
+    """Epochs of NumPy batches; made by :func:`batches` (see there).
+
+    Iterating it (``for batch in b``) yields the next epoch, from the position :meth:`seek`
+    set, else after the last epoch started. :attr:`position` is where the batch after the last
+    one yielded lies: save it with a checkpoint, and pass it back as ``start_epoch`` /
+    ``start_step`` (or to :meth:`seek`) to continue at the first batch not yet trained on.
+
+    It pickles (the arrays by path, as the feed does): the copy continues where the feed would.
+    """
+
+    def __init__(self, feed: Feed) -> None:
+        self._feed = feed
+        self._lock = threading.Lock()
+        self._position = feed.next_position
+
+    def __len__(self) -> int:
+        """Batches per epoch on this worker (a resumed first epoch yields fewer)."""
+        return self._feed.plan.steps
+
+    def __iter__(self) -> Iterator[Any]:
+        """The batches of the next epoch; the epoch is taken at the first request."""
+        return self._epoch()
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(epoch, step)`` of the batch after the last one yielded: the next unseen batch.
+
+        Before any batch is yielded (and after :meth:`seek`), where the next iteration starts.
+        After the last batch of epoch ``e``, ``(e + 1, 0)``. An iteration abandoned mid-epoch
+        leaves it mid-epoch, while the next iteration starts the next epoch (as with
+        ``from_arrays``); ``seek(*b.position)`` continues the abandoned epoch instead.
+        """
+        with self._lock:
+            return self._position
+
+    def seek(self, epoch: int, step: int = 0) -> None:
+        """Make the next iteration start at ``step`` of ``epoch`` (O(1): nothing is replayed)."""
+        self._feed.seek(epoch, step)
+        with self._lock:
+            self._position = self._feed.next_position
+
+    def _epoch(self) -> Iterator[Any]:
+        feed = self._feed
+        epoch, step, groups = feed.take()
+        steps = feed.plan.steps
+        try:
+            for group in groups:
+                if feed.stacked:
+                    leaves, _ = flatten(group, _is_ndarray)
+                    for i in range(len(leaves[0])):
+                        batch = feed.treedef.unflatten([leaf[i] for leaf in leaves])
+                        step += 1
+                        self._moved(epoch, step, steps)
+                        yield batch
+                else:
+                    step += 1
+                    self._moved(epoch, step, steps)
+                    yield group
+        finally:
+            groups.close()  # stops the epoch's reader threads now, also when abandoned
+
+    def _moved(self, epoch: int, step: int, steps: int) -> None:
+        with self._lock:
+            self._position = (epoch + 1, 0) if step >= steps else (epoch, step)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"feed": self._feed, "position": self.position}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._feed = state["feed"]
+        self._lock = threading.Lock()
+        self._position = state["position"]
+
+    def __repr__(self) -> str:
+        plan = self._feed.plan
+        return (
+            f"Batches(steps={plan.steps}, batch_size={plan.batch_size}, "
+            f"shuffle={plan.shuffle!r}, shard={plan.shard!r}, position={self.position})"
+        )
+
+
+def _is_ndarray(obj: Any) -> bool:
+    return isinstance(obj, np.ndarray)

@@ -1,0 +1,182 @@
+"""From the public arguments to a :class:`Feed`: every check and default of the entry points.
+
+No TensorFlow here. :func:`arrayfeed.from_arrays` (the tf.data glue) and :func:`arrayfeed.batches`
+(NumPy batches for JAX, PyTorch or a plain loop) both call :func:`build_feed`, so the two take the
+same arguments, refuse the same mistakes with the same messages and produce the same stream. A
+``tf.distribute.InputContext`` is recognised by the glue (that needs TensorFlow) and arrives here
+as the :class:`Shard` it names.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+from .._dtypes import check_feedable
+from .._errors import ConfigError, ShapeError, StructureError
+from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
+from .._validate import flag, integer
+from .feed import Feed
+from .plan import Plan, block_layout, check_position, shuffle_mode
+from .shard import Shard
+from .structure import Treedef, flatten
+
+__all__ = ["Built", "ShardSpec", "build_feed", "check_map_batch", "resolve_shard", "sources_of"]
+
+#: What ``shard`` may be once the glue has turned an ``InputContext`` into a :class:`Shard`.
+ShardSpec: TypeAlias = "Shard | Literal['auto'] | None"
+
+#: The kinds of ``shard`` named in the error for anything else (the glue adds InputContext).
+SHARD_KINDS = "'auto', None or arrayfeed.Shard(count, index)"
+
+
+@dataclass(frozen=True)
+class Built:
+    """What :func:`build_feed` returns: the feed, positioned at the start, and how it shards."""
+
+    feed: Feed
+    #: arrayfeed (not tf.data) does the sharding: the glue turns tf.data's auto-sharding off.
+    sharded_by_us: bool
+    #: ``(start_epoch, start_step)``, validated; the feed's first epoch starts there.
+    start: tuple[int, int]
+
+
+def build_feed(
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    *,
+    batch_size: Any,
+    shuffle: Any,
+    seed: Any,
+    shard: Any,
+    drop_remainder: Any,
+    map_batch: Any,
+    num_threads: Any,
+    start_epoch: Any,
+    start_step: Any,
+    caller: str = "from_arrays",
+    shard_kinds: str = SHARD_KINDS,
+) -> Built:
+    """Check the arguments of an entry point (see :func:`arrayfeed.from_arrays`) and build its feed.
+
+    ``caller`` is the entry point's name, as messages cite it; ``shard_kinds`` lists the kinds of
+    ``shard`` it accepts, for the message refusing any other. Checks run in a fixed order (the
+    structure and arrays, ``shard``, ``shuffle``, the plan's arguments, ``num_threads``,
+    ``map_batch``, the start position, the seed needed to resume), so a call with several
+    mistakes reports the same one whichever entry point it went through.
+    """
+    treedef, sources = sources_of(x, y, sample_weight, caller=caller)
+    resolved, ours = resolve_shard(shard, shard_kinds)
+    mode = shuffle_mode(shuffle)
+    block_rows, window_blocks = _block_layout(sources) if mode == "block" else (1, 1)
+    plan = Plan(
+        n_rows=len(sources[0]),
+        batch_size=batch_size,
+        shard=resolved,
+        drop_remainder=bool(flag(drop_remainder, "drop_remainder")),
+        shuffle=mode,
+        seed=int.from_bytes(os.urandom(8), "little") if seed is None else seed,
+        block_rows=block_rows,
+        window_blocks=window_blocks,
+    )
+    if num_threads is not None:
+        num_threads = integer(num_threads, "num_threads", low=1)
+    if map_batch is not None:
+        check_map_batch(map_batch, y is not None)
+    start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
+    if seed is None and mode != "none" and start != (0, 0):
+        raise ConfigError(
+            f"resuming at `start_epoch={start[0]}, start_step={start[1]}` needs the seed of the "
+            "run being resumed, but `seed` is None (a new random seed, so a different stream); "
+            "pass the `seed` used before (and use a fixed seed from the first run on)."
+        )
+    feed = Feed(sources, treedef, plan, map_batch=map_batch, num_threads=num_threads)
+    feed.seed_drawn = seed is None
+    feed.seek(*start)
+    return Built(feed, ours, start)
+
+
+def sources_of(
+    x: Any, y: Any, sample_weight: Any, *, caller: str = "from_arrays"
+) -> tuple[Treedef, list[Source]]:
+    """The element's structure and one checked :class:`Source` per leaf, all of one length."""
+    if x is None:
+        raise StructureError("`x` is None; give at least one array as `x`.")
+    if sample_weight is not None and y is None:
+        raise StructureError("`sample_weight` needs `y`; pass targets as `y` too.")
+    if y is None:
+        element, root = x, "x"
+    elif sample_weight is None:
+        element, root = (x, y), "(x, y)"
+    else:
+        element, root = (x, y, sample_weight), "(x, y, sample_weight)"
+    leaves, treedef = flatten(element, is_array_like, root)
+    if treedef.kind == "leaf":
+        names = ["x"]
+    else:
+        names = treedef.leaf_paths("")
+        if y is not None:  # "[0]['image']" reads better as "x['image']"
+            roots = ("x", "y", "sample_weight")
+            names = [roots[int(n[1])] + n[3:] for n in names]
+        else:
+            names = ["x" + n for n in names]
+    sources = []
+    for name, leaf in zip(names, leaves, strict=True):
+        source = as_source(leaf, name)
+        check_feedable(source, name)
+        sources.append(source)
+    lengths = {len(s) for s in sources}
+    if len(lengths) > 1:
+        listing = ", ".join(f"{n}: {len(s)}" for n, s in zip(names, sources, strict=True))
+        raise ShapeError(
+            f"all arrays must have the same number of rows (axis 0), got {listing}; "
+            f"trim or align them before calling {caller}."
+        )
+    return treedef, sources
+
+
+def check_map_batch(map_batch: Any, has_y: bool) -> None:
+    """Refuse what cannot be a ``map_batch``: not callable, or needing more than one argument
+    (the ``Dataset.map(lambda x, y: ...)`` habit; ``map_batch`` receives the element whole)."""
+    if not callable(map_batch):
+        raise ConfigError(f"`map_batch` must be callable (got {type(map_batch).__name__}).")
+    try:
+        parameters = inspect.signature(map_batch).parameters.values()
+    except (TypeError, ValueError):  # a builtin or extension without a signature: try it
+        return
+    required = [
+        p
+        for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(required) > 1:
+        element = "the tuple `(x, y)` (or `(x, y, sample_weight)`)" if has_y else "`x`"
+        names = ", ".join(p.name for p in required)
+        raise ConfigError(
+            f"`map_batch` takes {len(required)} arguments ({names}), but it is called with one: "
+            f"the whole batch, {element}, in the element's structure. Take one argument and "
+            "unpack it, e.g. `map_batch=lambda batch: (f(batch[0]), batch[1])`."
+        )
+
+
+def resolve_shard(shard: Any, kinds: str = SHARD_KINDS) -> tuple[Shard, bool]:
+    """The shard this worker reads, and whether arrayfeed (not tf.data) does the sharding.
+
+    >>> resolve_shard(None), resolve_shard(Shard(4, 1))
+    ((Shard(count=1, index=0), False), (Shard(count=4, index=1), True))
+    """
+    if shard is None:
+        return Shard(1, 0), False
+    if isinstance(shard, str) and shard == "auto":
+        return Shard.from_env(), True
+    if isinstance(shard, Shard):
+        return shard, True
+    raise ConfigError(f"`shard` must be {kinds} (got {shard!r}).")
+
+
+def _block_layout(sources: list[Source]) -> tuple[int, int]:
+    chunk_rows = [rows for rows in map(chunked_rows, sources) if rows]
+    return block_layout(chunk_rows, row_bytes(sources))
