@@ -314,3 +314,25 @@ def test_truncated_and_corrupt_npy_name_the_file(tmp_path: Path) -> None:
 def test_check_feedable(array: np.ndarray, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         check_feedable(ArraySource(array), "x['a']")
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".h5ad", ".nc"])
+def test_file_key_paths_work_wherever_a_path_does(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"data{suffix}"
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    with h5py.File(path, "w") as f:
+        f["X"] = x
+        f["obs/idx"] = np.arange(20)
+    assert af.open_array(f"{path}:X").shape == (20, 2)
+    assert af.open_array(f"{path}:obs/idx").shape == (20,)
+    batch = next(iter(af.batches(f"{path}:X", f"{path}:obs/idx", batch_size=20, shuffle=False)))
+    np.testing.assert_array_equal(batch[0], x)
+    from arrayfeed._pipeline.bench import arrays_at
+
+    assert sorted(arrays_at([f"{path}:X"])) == ["X"]
+    with pytest.raises(af.SourceNotFoundError, match=r"holds 2 datasets.*:KEY' as a path"):
+        af.open_array(path)
+    with pytest.raises(af.SourceNotFoundError, match=r"has no dataset 'nope'"):
+        af.open_array(f"{path}:nope")
+    with pytest.raises(af.SourceNotFoundError, match="nothing at"):
+        af.open_array(f"{tmp_path / 'absent'}{suffix}:X")

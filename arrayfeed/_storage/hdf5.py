@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 #: File name suffixes taken as HDF5 without looking inside.
-SUFFIXES = frozenset({".h5", ".hdf5", ".he5", ".hdf"})
+SUFFIXES = frozenset({".h5", ".hdf5", ".he5", ".hdf", ".h5ad", ".nc", ".nc4"})
 
 #: Indices per h5py point-selection call (see H5Source.read).
 _H5_PIECE = 256
@@ -263,6 +263,11 @@ def open_hdf5(path: Path, key: str | None) -> Source:
     node = f.get(key) if key is not None else None
     if not isinstance(node, h5py.Dataset):
         f.close()
+        if key is None:
+            raise SourceNotFoundError(
+                f"'{path}' holds {len(datasets)} datasets, {datasets}; name one: "
+                f"`open_array('{path}', KEY)`, or '{path}:KEY' as a path."
+            )
         raise SourceNotFoundError(
             f"'{path}' has no dataset {key!r}; its datasets are {datasets}. Pass one as `key`."
         )

@@ -42,8 +42,10 @@ Format = Literal["hdf5", "zarr"]
 
 
 _CONTAINER_RE = re.compile(
-    r"^(?P<path>.+?\.(?:npy|npz|h5|hdf5|he5|hdf|zarr))(?::(?P<key>.*))?$", re.I
+    r"^(?P<path>.+?\.(?:npy|npz|h5|hdf5|he5|hdf|h5ad|nc|nc4|zarr))(?::(?P<key>.*))?$", re.I
 )
+
+
 def split_spec(spec: str) -> tuple[str, str | None]:
     """Split an input spec ``path[:key]`` into its path and key (None when absent).
 
@@ -70,8 +72,10 @@ def open_array(
 
     - ``.npy``: memory-mapped read-only (``key`` must be None).
     - ``.npz``: the array ``key`` (loaded into memory; ``.npz`` members cannot be memory-mapped).
-    - HDF5 (``.h5``, ``.hdf5`` … or any file with the HDF5 signature): the dataset at ``key``;
-      ``key`` may be omitted when the file holds exactly one dataset.
+    - HDF5 (``.h5``, ``.hdf5``, ``.h5ad``, ``.nc`` … or any file with the HDF5 signature): the
+      dataset at ``key``; ``key`` may be omitted when the file holds exactly one dataset.
+    - ``path`` may also name the key itself, as on the command line: ``"file.h5:images"``,
+      ``"store.zarr:train/x"``.
     - Zarr (a directory store): the array itself when ``key`` is None, or the array at ``key``
       inside a group. ``strict=True`` makes a missing chunk an error instead of fill values; the
       default (None) is strict for stores marked complete by arrayfeed (``arrayfeed convert``
@@ -86,6 +90,11 @@ def open_array(
     ((3, 2), 3)
     """
     p = Path(path)
+    if not p.exists() and key is None and isinstance(path, str):
+        # `file.h5:key`, the input spec of the command line, names the key in the path.
+        spec_path, spec_key = split_spec(path)
+        if spec_key is not None and Path(spec_path).exists():
+            p, key = Path(spec_path), spec_key
     if not p.exists():
         raise SourceNotFoundError(f"nothing at '{p}'; check the path.")
     suffix = p.suffix.lower()
