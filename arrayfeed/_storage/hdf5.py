@@ -265,8 +265,8 @@ def open_hdf5(path: Path, key: str | None) -> Source:
         f.close()
         if key is None:
             raise SourceNotFoundError(
-                f"'{path}' holds {len(datasets)} datasets, {datasets}; name one: "
-                f"`open_array('{path}', KEY)`, or '{path}:KEY' as a path."
+                f"'{path}' holds {len(datasets)} datasets and no `key` names one; its datasets "
+                f"are {datasets}. Name one: `open_array('{path}', KEY)`, or '{path}:KEY' as a path."
             )
         raise SourceNotFoundError(
             f"'{path}' has no dataset {key!r}; its datasets are {datasets}. Pass one as `key`."
