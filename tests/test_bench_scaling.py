@@ -1,0 +1,66 @@
+"""The scaling benchmark runs end to end in its smallest configuration (no speed is asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO_ROOT, subprocess_env
+
+
+def test_smallest_configuration_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "scaling.json"
+    scratch = tmp_path / "tmp"  # where the benchmark makes (and must remove) its data
+    scratch.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks" / "bench_scaling.py"),
+            "--quick",
+            "--cases",
+            "npy,gather,busy",
+            "--levels",
+            "feed",
+            "--rows-scale",
+            "0.003",
+            "--seconds",
+            "0.05",
+            "--reps",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**subprocess_env(), "TMPDIR": str(scratch)},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "feed level" in done.stdout and "Targets" in done.stdout
+
+    report = json.loads(out.read_text())
+    assert {"machine", "config", "figures", "rates", "targets", "skipped"} <= set(report)
+    assert {"cores", "cpu", "python", "numpy", "h5py", "zarr", "tensorflow"} <= set(
+        report["machine"]
+    )
+    threads = report["config"]["threads"]
+    assert threads[0] == 1 and threads[-1] == report["machine"]["cores"]
+    figures = report["figures"]
+    expected = {
+        (shape, case, str(t))
+        for shape in ("S", "L")
+        for case in (".npy path (full)", "NumPy gather (memmap)", "NumPy gather (RAM)")
+        for t in threads
+    } | {(shape, ".npy path (full)", "default") for shape in ("S", "L")}
+    assert expected <= {(f["shape"], f["case"], f["threads"]) for f in figures}
+    for figure in figures:
+        assert figure["level"] == "feed"
+        assert len(figure["samples"]) == 2 and all(rate > 0 for rate in figure["samples"])
+        assert figure["median"] > 0
+    npy = [f for f in figures if f["case"] == ".npy path (full)"]
+    assert all(f["storage"] == "npy" and f["resolved_threads"] >= 1 for f in npy)
+    assert report["rates"]["feed"]["L"]["NumPy gather (memmap)"]["1"] > 0
+    assert any(t["name"].startswith("L .npy path, feed") for t in report["targets"])
+    assert not any(scratch.iterdir())
