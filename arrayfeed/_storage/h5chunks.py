@@ -35,7 +35,15 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import CorruptDataError
-from .h5codecs import ChecksumError, Stage, StageError, Undecodable, decode_chunk, pipeline
+from .h5codecs import (
+    FILTER_NAMES,
+    ChecksumError,
+    Stage,
+    StageError,
+    Undecodable,
+    decode_chunk,
+    pipeline,
+)
 
 __all__ = ["ChunkFile", "ChunkLayout"]
 
@@ -46,8 +54,6 @@ Coords = tuple[int, ...]
 
 def _filters(dataset: h5py.Dataset) -> Filters:
     """``(id, parameters, name)`` of every filter of ``dataset``, in the order they apply."""
-    from .hdf5 import FILTER_NAMES  # the one table of filter names
-
     plist = dataset.id.get_create_plist()
     found = []
     for i in range(plist.get_nfilters()):

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "FILTER_NAMES",
     "DEFLATE",
     "FLETCHER32",
     "SHUFFLE",
@@ -44,6 +45,29 @@ __all__ = [
     "pipeline",
     "unshuffle",
 ]
+
+#: Registered HDF5 filter ids (https://github.com/HDFGroup/hdf5_plugins) -> usual names.
+FILTER_NAMES = {
+    1: "gzip",
+    2: "shuffle",
+    3: "fletcher32",
+    4: "szip",
+    5: "nbit",
+    6: "scaleoffset",
+    305: "lzo",
+    307: "bzip2",
+    32000: "lzf",
+    32001: "blosc",
+    32004: "lz4",
+    32008: "bitshuffle",
+    32013: "zfp",
+    32014: "fpzip",
+    32015: "zstd",
+    32017: "sz",
+    32018: "fcidecomp",
+    32024: "sz3",
+    32026: "blosc2",
+}
 
 DEFLATE, SHUFFLE, FLETCHER32 = 1, 2, 3
 LZF, BLOSC, LZ4, BITSHUFFLE, ZSTD = 32000, 32001, 32004, 32008, 32015

@@ -32,6 +32,7 @@ from .._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError, Sou
 from .base import GZIP_LEVEL, ArrayLayout, Indices, Source, StoredArrays, StoreInfo, run_bounds
 from .fingerprint import Fingerprint
 from .h5chunks import ChunkFile, ChunkLayout
+from .h5codecs import FILTER_NAMES
 from .memory import MappedSource
 from .record import MARKER, ConversionRecord, parse_record
 
@@ -278,28 +279,6 @@ def open_hdf5(path: Path, key: str | None) -> Source:
         raise
 
 
-#: Registered HDF5 filter ids (https://github.com/HDFGroup/hdf5_plugins) -> usual names.
-FILTER_NAMES = {
-    1: "gzip",
-    2: "shuffle",
-    3: "fletcher32",
-    4: "szip",
-    5: "nbit",
-    6: "scaleoffset",
-    305: "lzo",
-    307: "bzip2",
-    32000: "lzf",
-    32001: "blosc",
-    32004: "lz4",
-    32008: "bitshuffle",
-    32013: "zfp",
-    32014: "fpzip",
-    32015: "zstd",
-    32017: "sz",
-    32018: "fcidecomp",
-    32024: "sz3",
-    32026: "blosc2",
-}
 
 
 def check_filters(dataset: h5py.Dataset, name: str) -> None:
