@@ -23,6 +23,7 @@ lowest-numbered window goes (a window read ahead is never evicted for an older o
 
 from __future__ import annotations
 
+import itertools
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -35,14 +36,20 @@ from .._storage import ReadPiecesInto, ReadRangeInto, Source
 from .plan import BlockOrder
 from .read import BufferPool
 
-__all__ = ["WindowCache"]
+__all__ = ["UNITS_PER_BLOCK", "WindowCache"]
+
+#: Most claimable units a block's read is split into. A unit is a run of the block's pieces (its
+#: chunks), so per-claim costs are paid once per run: 192 chunks of 80 KB per block read 15 %
+#: slower claimed one by one than whole on 2 cores. Sixteen units per block keep 16 threads busy
+#: on a window of two blocks.
+UNITS_PER_BLOCK = 16
 
 
 class _Window:
-    """One window's buffer and the state of each piece of its blocks' reads.
+    """One window's buffer and the state of each unit of its blocks' reads.
 
-    ``units[u]`` is ``(block, piece, pieces)``: piece ``piece`` of the ``pieces`` of the read of
-    ``block``; ``loads[u]`` is None until a thread claims it.
+    ``units[u]`` is ``(block, first, stop, pieces)``: pieces ``[first, stop)`` of the ``pieces``
+    of the read of ``block``; ``loads[u]`` is None until a thread claims it.
     """
 
     def __init__(
@@ -55,7 +62,10 @@ class _Window:
         self.buffer = buffer
         self.lo, self.hi = lo.tolist(), hi.tolist()
         self.at = np.concatenate(([0], np.cumsum(hi - lo))).tolist()  # packed start of each block
-        self.units = [(b, p, n) for b, n in enumerate(pieces) for p in range(n)]
+        self.units = []
+        for b, n in enumerate(pieces):
+            cuts = np.linspace(0, n, min(n, UNITS_PER_BLOCK) + 1).astype(int).tolist()
+            self.units += [(b, p, q, n) for p, q in itertools.pairwise(cuts)]
         self.loads: list[Future[None] | None] = [None] * len(self.units)
 
 
@@ -178,11 +188,12 @@ class WindowCache:
     def _load(self, window: _Window, u: int) -> None:
         load = window.loads[u]
         assert load is not None
-        block, piece, pieces = window.units[u]
+        block, first, stop, pieces = window.units[u]
         lo, hi, at = window.lo[block], window.hi[block], window.at[block]
         try:
             if pieces > 1 and isinstance(self.source, ReadPiecesInto):
-                self.source.read_piece_into(lo, hi, piece, window.buffer[at : at + hi - lo])
+                for piece in range(first, stop):
+                    self.source.read_piece_into(lo, hi, piece, window.buffer[at : at + hi - lo])
             elif isinstance(self.source, ReadRangeInto):
                 self.source.read_range_into(lo, hi, window.buffer[at : at + hi - lo])
             else:
@@ -193,6 +204,6 @@ class WindowCache:
             load.set_exception(exc)
             raise
         with self._lock:
-            self.loads += piece == 0  # blocks read from storage
-            self.piece_loads += 1
+            self.loads += first == 0  # blocks read from storage
+            self.piece_loads += stop - first
         load.set_result(None)

@@ -329,6 +329,25 @@ class ChunkFile:
             for rest, region in self._rest:
                 dest[(slice(None), *region)] = self._chunk((c, *rest), (row_region, *region))[local]
 
+    def range_pieces(self, start: int, stop: int) -> int:
+        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them."""
+        rows = self.chunks[0]
+        return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
+
+    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
+        """Read and decode piece ``piece`` (one chunk) of rows ``[start, stop)`` into its part of
+        ``out``, which holds those rows (see :meth:`range_pieces`)."""
+        rows, per_row = self.chunks[0], len(self._rest)
+        c = start // rows + piece // per_row
+        lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+        dest = out[lo - start : hi - start]
+        direct = self._whole_rows and out.flags.c_contiguous and hasattr(os, "preadv")
+        if direct and hi - lo == rows and self._whole_into(c, dest):
+            return
+        rest, region = self._rest[piece % per_row]
+        chunk = self._chunk((c, *rest), (self._rows_region(c), *region))
+        dest[(slice(None), *region)] = chunk[lo - c * rows : hi - c * rows]
+
     def read(self, indices: npt.NDArray[np.int64], out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``indices`` (sorted, unique), in ``out`` if given, else in a new array. Every
         chunk the rows touch is decoded once."""

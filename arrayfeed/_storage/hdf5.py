@@ -181,6 +181,20 @@ class H5Source:
         else:
             self.dataset.read_direct(out, np.s_[start:stop])
 
+    def range_pieces(self, start: int, stop: int) -> int:
+        """Chunks rows ``[start, stop)`` touch when read as raw chunks, else one piece."""
+        reader = self.chunk_reader()
+        return reader.range_pieces(start, stop) if reader is not None else 1
+
+    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
+        """Piece ``piece`` of reading rows ``[start, stop)`` into ``out`` (see
+        :meth:`range_pieces`)."""
+        reader = self.chunk_reader()
+        if reader is not None:
+            reader.read_piece_into(start, stop, piece, out)
+        else:
+            self.read_range_into(start, stop, out)
+
     @property
     def chunk_rows(self) -> int | None:
         """Rows per chunk along axis 0 (at most the dataset's rows: a resizable dataset's chunks
