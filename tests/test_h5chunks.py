@@ -296,6 +296,7 @@ def test_fletcher32_matches_hdf5s_algorithm(n: int, fill: str) -> None:
         "high": rng.integers(250, 256, n, dtype=np.uint8),
     }[fill].tobytes()
     assert fletcher32(data) == _fletcher32_reference(data)
+    assert h5codecs.fletcher32_numpy(data) == _fletcher32_reference(data)  # without imagecodecs
 
 
 @pytest.mark.parametrize(

@@ -136,3 +136,29 @@ def test_strict_zarr_source_pickles_and_stays_strict(tmp_path: Path) -> None:
     np.testing.assert_array_equal(clone.read(np.arange(5, dtype=np.int64)), np.arange(5.0) + 1)
     lenient = af.open_array(tmp_path / "s.zarr")
     np.testing.assert_array_equal(lenient.read(np.array([7], dtype=np.int64)), [0.0])
+
+
+def test_an_hdf5_read_error_through_h5py_names_file_dataset_and_chunk(tmp_path: Path) -> None:
+    """Datasets read through h5py (here: a writable handle, which the raw-chunk reader leaves
+    to h5py) turn h5py's bare OSError into a CorruptDataError naming what failed."""
+    path = tmp_path / "g.h5"
+    data = np.random.default_rng(0).integers(0, 1000, (4000, 16)).astype(np.int32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(500, 16), compression="gzip")
+    with h5py.File(path, "r") as f:
+        info = f["x"].id.get_chunk_info(3)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + 4)
+        fh.write(b"\xff" * 64)
+    f = h5py.File(path, "r+")
+    try:
+        source = H5Source(f["x"])
+        assert source.read_path.startswith("h5py")
+        with pytest.raises(af.CorruptDataError, match=r"rows 1500\.\.1999 \(row chunk 3\) of HDF5 dataset '.*g\.h5:/x'"):
+            source.read(np.arange(1500, 2000, dtype=np.int64))
+        out = np.empty((1000, 16), np.int32)
+        with pytest.raises(af.CorruptDataError, match=r"row chunks 2\.\.3"):
+            source.read_range_into(1000, 2000, out)
+        np.testing.assert_array_equal(source.read(np.arange(0, 500, dtype=np.int64)), data[:500])
+    finally:
+        f.close()

@@ -23,6 +23,7 @@ and a Python thread spinning beside a decoding thread (full speed: the decoder r
 
 from __future__ import annotations
 
+import functools
 import sys
 import zlib
 from collections.abc import Callable, Sequence
@@ -121,12 +122,34 @@ _WEIGHTS = np.arange(65535, dtype=np.uint64)
 def fletcher32(data: Buffer) -> int:
     """HDF5's Fletcher-32 checksum of ``data`` (``H5_checksum_fletcher32``), bit for bit.
 
+    Computed by ``imagecodecs.h5checksum_fletcher32`` (HDF5's own C code, without the GIL) when
+    the ``hdf5-codecs`` extra is installed: 5.1 GB/s against 1.8 GB/s for the NumPy passes below
+    on 192 KiB chunks, where checking it made an lzf-stored L epoch 2.5x slower.
+
     HDF5 sums big-endian 16-bit words (an odd last byte is the high byte of a last word) with
     end-around-carry folding, which keeps each sum congruent modulo 65535 and positive once any
     word is: so ``sum1`` is the word sum and ``sum2`` the sum of ``(N - k) * word[k]``, each
     reduced to ``1 .. 65535`` (0 only for all-zero data). Computed in whole-array NumPy passes.
 
     >>> hex(fletcher32(b"abcde"))
+    '0x4ff029c7'
+    """
+    codecs = _fast_checksums()
+    if codecs is not None:
+        return int(codecs.h5checksum_fletcher32(data))
+    return fletcher32_numpy(data)
+
+
+@functools.cache
+def _fast_checksums() -> Any:
+    codecs = _imagecodecs()
+    return codecs if codecs is not None and hasattr(codecs, "h5checksum_fletcher32") else None
+
+
+def fletcher32_numpy(data: Buffer) -> int:
+    """:func:`fletcher32` in whole-array NumPy passes (no imagecodecs needed).
+
+    >>> hex(fletcher32_numpy(b"abcde"))
     '0x4ff029c7'
     """
     raw = np.frombuffer(data, dtype=np.uint8)

@@ -152,6 +152,10 @@ class H5Source:
         reader = self.chunk_reader()
         if reader is not None:
             return reader.read(indices)
+        with self._h5py_errors(indices):
+            return self._read_h5py(indices)
+
+    def _read_h5py(self, indices: Indices) -> np.ndarray:
         run = run_bounds(indices)
         if run is not None:
             return np.asarray(self.dataset[run[0] : run[1]])
@@ -172,14 +176,36 @@ class H5Source:
             out = np.empty((stop - start, *self._shape[1:]), dtype=self._dtype)
             reader.read_range_into(start, stop, out)
             return out
-        return np.asarray(self.dataset[start:stop])
+        with self._h5py_errors(np.arange(start, stop)):
+            return np.asarray(self.dataset[start:stop])
 
     def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
         reader = self.chunk_reader()
         if reader is not None:
             reader.read_range_into(start, stop, out)
-        else:
+            return
+        with self._h5py_errors(np.arange(start, stop)):
             self.dataset.read_direct(out, np.s_[start:stop])
+
+    @contextlib.contextmanager
+    def _h5py_errors(self, rows: Indices) -> Iterator[None]:
+        """An ``OSError`` of a read through h5py (a filter that fails, a truncated file) as a
+        :class:`CorruptDataError` naming the file, the dataset and the chunks read."""
+        try:
+            yield
+        except ArrayfeedError:
+            raise
+        except OSError as exc:
+            chunks = self.chunk_rows
+            where = f"rows {int(rows[0])}..{int(rows[-1])}" if len(rows) else "no rows"
+            if chunks and len(rows):
+                first, last = int(rows[0]) // chunks, int(rows[-1]) // chunks
+                where += f" (row chunks {first}..{last})" if last > first else f" (row chunk {first})"
+            raise CorruptDataError(
+                f"reading {where} of HDF5 dataset '{self.name}' failed ({exc}); the file is "
+                "damaged or was truncated. Restore it from a backup or re-create it (e.g. with "
+                "`arrayfeed convert`); `arrayfeed verify` checks a converted store."
+            ) from exc
 
     def range_pieces(self, start: int, stop: int) -> int:
         """Chunks rows ``[start, stop)`` touch when read as raw chunks, else one piece."""
