@@ -10,18 +10,17 @@
   the filter (h5py itself fails only at the first read).
 - **Locks.** A file another process holds open for writing is refused with
   :class:`~arrayfeed.SourceUnavailableError`; a writer in SWMR mode is read through SWMR.
-- **Layout facts** for ``inspect`` and ``bench`` (:func:`describe`, :func:`dataset_names`), and
-  the **writer** and **record** of ``convert`` (:class:`H5Writer`, :func:`read_record`,
-  :func:`open_written`).
+- **Layout facts** for ``inspect`` and ``bench`` (:func:`describe`, :func:`dataset_names`) and
+  the **record** of ``convert`` (:func:`read_record`); its writer is in :mod:`.h5write`, raw
+  chunk reads in :mod:`.h5chunks` and :mod:`.h5codecs`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import h5py
 import numpy as np
 
 from .._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError, SourceUnavailableError
-from .base import GZIP_LEVEL, ArrayLayout, Indices, Source, StoredArrays, StoreInfo, run_bounds
+from .base import ArrayLayout, Indices, Source, StoreInfo, run_bounds
 from .fingerprint import Fingerprint
 from .h5chunks import ChunkFile, ChunkLayout
 from .h5codecs import FILTER_NAMES
@@ -41,7 +40,6 @@ __all__ = [
     "SUFFIXES",
     "H5ContiguousSource",
     "H5Source",
-    "H5Writer",
     "check_filters",
     "dataset_names",
     "describe",
@@ -51,7 +49,6 @@ __all__ = [
     "is_hdf5",
     "open_h5_file",
     "open_hdf5",
-    "open_written",
     "read_record",
 ]
 
@@ -390,59 +387,6 @@ def h5_fingerprint(dataset: h5py.Dataset) -> Fingerprint | None:
     return Fingerprint.of_fd(fd, path, mutable=mutable)
 
 
-class H5Writer:
-    """Writes one dataset per name into a new HDF5 file (see :class:`~.base.Writer`)."""
-
-    def __init__(
-        self,
-        path: Path,
-        arrays: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]],
-        chunk_rows: int | None,
-        compression: str,
-    ) -> None:
-        # No chunk cache: a conversion writes whole chunks, so caching gains nothing, and a write
-        # that fails (a full disk, a file-size limit) must not leave dirty chunks that HDF5 tries
-        # to flush again when the file is closed later (at exit that crashed the process).
-        self.file = h5py.File(path, "w", rdcc_nbytes=0)
-        self.datasets: dict[str, h5py.Dataset] = {}
-        for name, (shape, dtype) in arrays.items():
-            options: dict[str, Any] = {}
-            if chunk_rows is not None:
-                options["chunks"] = (chunk_rows, *shape[1:])
-                # A checksum per chunk: a flipped bit is a read error, never wrong values (LZF
-                # has no checksum of its own). HDF5 needs chunks for it: contiguous data is
-                # checked against the record's CRC-32 by `arrayfeed verify`.
-                options["fletcher32"] = True
-            if compression != "none":
-                options["compression"] = compression
-                if compression == "gzip":
-                    options["compression_opts"] = GZIP_LEVEL
-                options["shuffle"] = dtype.itemsize > 1
-            self.datasets[name] = self.file.create_dataset(
-                name, shape=shape, dtype=dtype, track_times=False, **options
-            )
-
-    def write(self, name: str, start: int, rows: np.ndarray) -> None:
-        self.datasets[name][start : start + len(rows)] = rows
-
-    def finish(self, record: ConversionRecord) -> None:
-        self.file.attrs[MARKER] = json.dumps(record.to_json())
-        self.file.flush()
-
-    def close(self) -> None:
-        """Close the file; after a failed write, every HDF5 object of it is closed regardless,
-        so that nothing of the file outlives its workspace."""
-        self.datasets.clear()
-        try:
-            self.file.close()
-        except Exception:
-            for ident in h5py.h5f.get_obj_ids(self.file.id):
-                with contextlib.suppress(Exception):
-                    while ident.valid:
-                        ident._close()
-            raise
-
-
 def describe_filters(dataset: h5py.Dataset) -> str:
     """The filters of ``dataset`` in human form, e.g. ``"shuffle+gzip(4)"`` (``"none"``)."""
     plist = dataset.id.get_create_plist()
@@ -505,10 +449,3 @@ def read_record(store: str | os.PathLike[str] | h5py.Group) -> ConversionRecord 
         return parse_record(store.file.attrs.get(MARKER))
     with h5py.File(store, "r") as f:
         return parse_record(f.attrs.get(MARKER))
-
-
-@contextlib.contextmanager
-def open_written(path: Path, names: list[str]) -> Iterator[StoredArrays]:
-    """A converted HDF5 file opened again to check it (datasets ``names``)."""
-    with h5py.File(path, "r") as f:
-        yield StoredArrays(arrays={n: f[n] for n in names}, record=read_record(f))

@@ -19,7 +19,7 @@ import numpy as np
 import zarr as _zarr
 
 from .._errors import ConfigError, SourceNotFoundError
-from . import hdf5, npy, zarr
+from . import h5write, hdf5, npy, zarr
 from .base import Source, StoredArrays, StoreInfo, Writer
 from .memory import ArraySource
 from .record import ConversionRecord
@@ -191,7 +191,7 @@ def create_writer(
     """A new store at ``path`` with one array of ``(shape, dtype)`` per name (``chunk_rows``
     None: contiguous in HDF5, one chunk of all rows in Zarr)."""
     if fmt == "hdf5":
-        return hdf5.H5Writer(path, arrays, chunk_rows, compression)
+        return h5write.H5Writer(path, arrays, chunk_rows, compression)
     if fmt == "zarr":
         rows = chunk_rows or max((shape[0] for shape, _ in arrays.values()), default=1)
         return zarr.ZarrWriter(path, arrays, rows, compression)
@@ -201,7 +201,7 @@ def create_writer(
 @contextlib.contextmanager
 def open_written(fmt: Format, path: Path, names: list[str]) -> Iterator[StoredArrays]:
     """The store a :func:`create_writer` wrote at ``path``, opened again to check it."""
-    opener = hdf5.open_written if fmt == "hdf5" else zarr.open_written
+    opener = h5write.open_written if fmt == "hdf5" else zarr.open_written
     with opener(path, names) as stored:
         yield stored
 
