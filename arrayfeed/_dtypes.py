@@ -36,8 +36,9 @@ def check_feedable(source: Any, name: str) -> None:
         )
     if dtype.fields is not None:
         raise DtypeError(
-            f"{label} has a structured dtype {dtype}; pass each field as its own array, e.g. "
-            "`{'a': arr['a'], 'b': arr['b']}`."
+            f"{label} has a structured dtype {dtype}; pass each field as its own array: for an "
+            "HDF5 table, `arrayfeed.open_array(path, key, field='name')` (or the path "
+            "'file.h5:key#name') streams one field; in memory, `{'a': arr['a'], 'b': arr['b']}`."
         )
     if dtype.kind in "USM" or dtype.kind == "m":
         raise DtypeError(

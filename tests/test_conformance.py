@@ -416,3 +416,20 @@ class TestWindowCache(SourceTests):
 def test_a_backend_must_implement_make_source() -> None:
     with pytest.raises(NotImplementedError, match="must implement `make_source`"):
         SourceTests().make_source(np.zeros(3), Path("."))
+
+
+class TestH5CompoundField(SourceTests):
+    """One field of a compound (table) dataset, as PyTables or pandas write tables: the rows of
+    ``data`` are a (sub-array) field beside another one, chunked and compressed."""
+
+    def make_source(self, data: np.ndarray, tmp_path: Path) -> Source:
+        table = np.dtype([("other", "<i2"), ("x", data.dtype, data.shape[1:])])
+        rows = np.zeros(len(data), table)
+        rows["x"] = data
+        rows["other"] = np.arange(len(data)) % 7
+        path = tmp_path / "table.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("t", data=rows, chunks=(16,), compression="gzip")
+        source = af.open_array(f"{path}:t#x")
+        assert type(source) is H5Source and source.field == "x"  # type: ignore[attr-defined]
+        return source

@@ -79,15 +79,32 @@ class H5ContiguousSource(MappedSource):
 
 
 class H5Source:
-    """An ``h5py.Dataset``; reopened read-only by file name in any other process."""
+    """An ``h5py.Dataset``; reopened read-only by file name in any other process.
 
-    def __init__(self, dataset: h5py.Dataset, *, owns_file: bool = False) -> None:
+    ``field``: one field of a compound (table) dataset, read without the other fields; a
+    sub-array field adds its shape to the rows (a field ``("pos", "f4", (3,))`` of a dataset of
+    shape ``(N,)`` reads as ``(N, 3)`` of ``float32``).
+    """
+
+    def __init__(
+        self, dataset: h5py.Dataset, *, owns_file: bool = False, field: str | None = None
+    ) -> None:
         self._owns_file = owns_file
         self.filename = str(dataset.file.filename)
         self.key = str(dataset.name)
-        self.name = f"{self.filename}:{self.key}"
+        self.field = field
+        self.name = f"{self.filename}:{self.key}" + (f"#{field}" if field else "")
         self._shape = tuple(int(n) for n in dataset.shape)
         self._dtype: np.dtype[Any] = np.dtype(dataset.dtype)
+        if field is not None:
+            fields = self._dtype.fields or {}
+            if field not in fields:
+                raise SourceNotFoundError(
+                    f"HDF5 dataset '{self.filename}:{self.key}' has no field {field!r}; its "
+                    f"fields are {list(fields) or 'none (it is not a compound dataset)'}."
+                )
+            stored = np.dtype(fields[field][0])
+            self._shape, self._dtype = (*self._shape, *stored.shape), stored.base
         self._dataset: h5py.Dataset | None = dataset
         self._pid = os.getpid()
         self._swmr = bool(dataset.file.swmr_mode)
@@ -127,6 +144,8 @@ class H5Source:
         dataset is read through h5py (:attr:`read_path` says why). Looked at once per process:
         a copy in another process opens the file read-only and may qualify where a caller's
         writable handle did not."""
+        if self.field is not None:
+            return None  # compound types are read through h5py
         reader = self._chunk_reader
         if reader is None or self._reader_pid != os.getpid():
             with self._reader_lock:
@@ -142,6 +161,8 @@ class H5Source:
     def read_path(self) -> str:
         """How this process reads the dataset: ``"chunks"`` (raw chunks decoded in the reader
         threads), or ``"h5py: <why>"``."""
+        if self.field is not None:
+            return "h5py: a field of a compound dataset"
         reader = self.chunk_reader()
         return "chunks" if reader is not None else f"h5py: {self._chunk_reader}"
 
@@ -155,7 +176,7 @@ class H5Source:
     def _read_h5py(self, indices: Indices) -> np.ndarray:
         run = run_bounds(indices)
         if run is not None:
-            return np.asarray(self.dataset[run[0] : run[1]])
+            return np.asarray(self._view[run[0] : run[1]])
         # h5py's point selection grows superlinearly with the number of indices (measured: 8192
         # sorted indices in one call ~50x slower than in pieces of 256), so read in pieces.
         out = np.empty((len(indices), *self._shape[1:]), dtype=self._dtype)
@@ -163,7 +184,7 @@ class H5Source:
             piece = indices[lo : lo + _H5_PIECE]
             run = run_bounds(piece)
             out[lo : lo + len(piece)] = (
-                self.dataset[run[0] : run[1]] if run is not None else self.dataset[piece]
+                self._view[run[0] : run[1]] if run is not None else self._view[piece]
             )
         return out
 
@@ -174,7 +195,7 @@ class H5Source:
             reader.read_range_into(start, stop, out)
             return out
         with self._h5py_errors(np.arange(start, stop)):
-            return np.asarray(self.dataset[start:stop])
+            return np.asarray(self._view[start:stop])
 
     def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
         reader = self.chunk_reader()
@@ -182,7 +203,15 @@ class H5Source:
             reader.read_range_into(start, stop, out)
             return
         with self._h5py_errors(np.arange(start, stop)):
-            self.dataset.read_direct(out, np.s_[start:stop])
+            if self.field is None:
+                self.dataset.read_direct(out, np.s_[start:stop])
+            else:
+                out[...] = self._view[start:stop]
+
+    @property
+    def _view(self) -> Any:
+        """What h5py reads rows from: the dataset, or only its field ``field``."""
+        return self.dataset if self.field is None else self.dataset.fields(self.field)
 
     @contextlib.contextmanager
     def _h5py_errors(self, rows: Indices) -> Iterator[None]:
@@ -272,7 +301,9 @@ def _h5_byte_offset(dataset: h5py.Dataset) -> int | None:
     return int(offset)  # from the start of the file, user block included
 
 
-def h5_source(dataset: h5py.Dataset, *, owns_file: bool = False) -> Source:
+def h5_source(
+    dataset: h5py.Dataset, *, owns_file: bool = False, field: str | None = None
+) -> Source:
     """The fastest source for an HDF5 dataset: memory-mapped when contiguous, else h5py reads."""
     if not dataset.id.valid:
         raise SourceUnavailableError(
@@ -280,13 +311,15 @@ def h5_source(dataset: h5py.Dataset, *, owns_file: bool = False) -> Source:
             "dataset is built, or pass the path instead: `arrayfeed.open_array('file.h5', 'key')` "
             "(which reopens the file in every process)."
         )
+    if field is not None:
+        return H5Source(dataset, owns_file=owns_file, field=field)
     offset = _h5_byte_offset(dataset)
     if offset is not None:
         return H5ContiguousSource(dataset, offset)
     return H5Source(dataset, owns_file=owns_file)
 
 
-def open_hdf5(path: Path, key: str | None) -> Source:
+def open_hdf5(path: Path, key: str | None, field: str | None = None) -> Source:
     """The dataset ``key`` of the HDF5 file at ``path`` (``key`` may be omitted when it holds one)."""
     try:
         f = open_h5_file(str(path))
@@ -310,7 +343,7 @@ def open_hdf5(path: Path, key: str | None) -> Source:
             f"'{path}' has no dataset {key!r}; its datasets are {datasets}. Pass one as `key`."
         )
     try:
-        return h5_source(node, owns_file=True)
+        return h5_source(node, owns_file=True, field=field)
     except ArrayfeedError:
         f.close()
         raise

@@ -66,7 +66,11 @@ def split_spec(spec: str) -> tuple[str, str | None]:
 
 
 def open_array(
-    path: str | os.PathLike[str], key: str | None = None, *, strict: bool | None = None
+    path: str | os.PathLike[str],
+    key: str | None = None,
+    *,
+    strict: bool | None = None,
+    field: str | None = None,
 ) -> Source:
     """Open an array on disk as a :class:`Source`, without reading its data.
 
@@ -76,6 +80,8 @@ def open_array(
       dataset at ``key``; ``key`` may be omitted when the file holds exactly one dataset.
     - ``path`` may also name the key itself, as on the command line: ``"file.h5:images"``,
       ``"store.zarr:train/x"``.
+    - ``field``: one field of an HDF5 compound (table) dataset, streamed without the others
+      (also written ``"file.h5:table#name"``); a sub-array field adds its shape to the rows.
     - Zarr (a directory store): the array itself when ``key`` is None, or the array at ``key``
       inside a group. ``strict=True`` makes a missing chunk an error instead of fill values; the
       default (None) is strict for stores marked complete by arrayfeed (``arrayfeed convert``
@@ -97,7 +103,14 @@ def open_array(
             p, key = Path(spec_path), spec_key
     if not p.exists():
         raise SourceNotFoundError(f"nothing at '{p}'; check the path.")
+    if key is not None and "#" in key and field is None:
+        key, _, field = key.rpartition("#")
     suffix = p.suffix.lower()
+    if field is not None and not (suffix in hdf5.SUFFIXES or hdf5.is_hdf5(p)):
+        raise ConfigError(
+            f"`field` ({field!r}) names a field of an HDF5 compound dataset, but '{p}' is not an "
+            "HDF5 file; drop `field`."
+        )
     if suffix == ".npy":
         if key is not None:
             raise SourceNotFoundError(
@@ -109,7 +122,7 @@ def open_array(
     if p.is_dir():
         return zarr.open_zarr(p, key, strict)
     if suffix in hdf5.SUFFIXES or hdf5.is_hdf5(p):
-        return hdf5.open_hdf5(p, key)
+        return hdf5.open_hdf5(p, key, field)
     raise SourceNotFoundError(
         f"'{p}' is not a .npy, .npz, HDF5 file or Zarr store; convert it with `arrayfeed convert`."
     )
