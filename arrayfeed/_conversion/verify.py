@@ -23,7 +23,13 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .._errors import CorruptDataError, SourceNotFoundError
-from .._storage import ConversionRecord, open_array, open_written, written_by_arrayfeed
+from .._storage import (
+    ConversionRecord,
+    open_array,
+    open_written,
+    row_bytes,
+    written_by_arrayfeed,
+)
 from .atomic import Interrupts
 from .copy import Checksums, Copy
 from .inputs import read_run
@@ -100,21 +106,19 @@ def verify(path: str | os.PathLike[str], *, progress: bool | None = None) -> Ver
                 f"`{name}` in '{p}' has {len(source)} rows, but the record says {record.rows}; "
                 "the store was changed after it was written. Convert it again."
             )
-    row_bytes = sum(
-        int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize for s in sources.values()
-    )
+    bytes_per_row = row_bytes(sources.values())
     step = slab_rows(
-        record.chunk_rows or 1, max(1, row_bytes), record.rows, target_bytes=SLAB_BYTES
+        record.chunk_rows or 1, max(1, bytes_per_row), record.rows, target_bytes=SLAB_BYTES
     )
     started = time.perf_counter()
     checksums = Checksums(names)
     try:
-        with Progress(record.rows * row_bytes, label="verifying", enabled=progress) as bar:
+        with Progress(record.rows * bytes_per_row, label="verifying", enabled=progress) as bar:
             for a in range(0, record.rows, step):
                 b = min(a + step, record.rows)
                 for name, source in sources.items():
-                    checksums.add(name, np.ascontiguousarray(read_run(source, a, b)))
-                bar.update((b - a) * row_bytes)
+                    checksums.add(name, read_run(source, a, b))  # made contiguous there
+                bar.update((b - a) * bytes_per_row)
             found = checksums.result()
     finally:
         checksums.close()
@@ -129,7 +133,7 @@ def verify(path: str | os.PathLike[str], *, progress: bool | None = None) -> Ver
         path=p,
         arrays=tuple(names),
         rows=record.rows,
-        nbytes=record.rows * row_bytes,
+        nbytes=record.rows * bytes_per_row,
         seconds=time.perf_counter() - started,
     )
 

@@ -170,7 +170,9 @@ class H5Source:
         reader = self.chunk_reader()
         if reader is not None:
             return reader.read(indices)
-        with self._h5py_errors(indices):
+        with self._h5py_errors(
+            int(indices[0]) if len(indices) else 0, int(indices[-1]) if len(indices) else -1
+        ):
             return self._read_h5py(indices)
 
     def _read_h5py(self, indices: Indices) -> np.ndarray:
@@ -194,7 +196,7 @@ class H5Source:
             out = np.empty((stop - start, *self._shape[1:]), dtype=self._dtype)
             reader.read_range_into(start, stop, out)
             return out
-        with self._h5py_errors(np.arange(start, stop)):
+        with self._h5py_errors(start, stop - 1):
             return np.asarray(self._view[start:stop])
 
     def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
@@ -202,7 +204,7 @@ class H5Source:
         if reader is not None:
             reader.read_range_into(start, stop, out)
             return
-        with self._h5py_errors(np.arange(start, stop)):
+        with self._h5py_errors(start, stop - 1):
             if self.field is None:
                 self.dataset.read_direct(out, np.s_[start:stop])
             else:
@@ -214,19 +216,20 @@ class H5Source:
         return self.dataset if self.field is None else self.dataset.fields(self.field)
 
     @contextlib.contextmanager
-    def _h5py_errors(self, rows: Indices) -> Iterator[None]:
-        """An ``OSError`` of a read through h5py (a filter that fails, a truncated file) as a
-        :class:`CorruptDataError` naming the file, the dataset and the chunks read."""
+    def _h5py_errors(self, first: int, last: int) -> Iterator[None]:
+        """An ``OSError`` of a read of rows ``first..last`` through h5py (a filter that fails, a
+        truncated file) as a :class:`CorruptDataError` naming the file, the dataset and the
+        chunks read."""
         try:
             yield
         except ArrayfeedError:
             raise
         except OSError as exc:
             chunks = self.chunk_rows
-            where = f"rows {int(rows[0])}..{int(rows[-1])}" if len(rows) else "no rows"
-            if chunks and len(rows):
-                first, last = int(rows[0]) // chunks, int(rows[-1]) // chunks
-                where += f" (row chunks {first}..{last})" if last > first else f" (row chunk {first})"
+            where = f"rows {first}..{last}" if last >= first else "no rows"
+            if chunks and last >= first:
+                a, b = first // chunks, last // chunks
+                where += f" (row chunks {a}..{b})" if b > a else f" (row chunk {a})"
             raise CorruptDataError(
                 f"reading {where} of HDF5 dataset '{self.name}' failed ({exc}); the file is "
                 "damaged or was truncated. Restore it from a backup or re-create it (e.g. with "
@@ -347,8 +350,6 @@ def open_hdf5(path: Path, key: str | None, field: str | None = None) -> Source:
     except ArrayfeedError:
         f.close()
         raise
-
-
 
 
 def check_filters(dataset: h5py.Dataset, name: str) -> None:
