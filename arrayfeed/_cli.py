@@ -165,7 +165,8 @@ def _add_convert(subparsers: SubParsers) -> None:
     parser.add_argument(
         "--densify",
         action="store_true",
-        help="write sparse matrices (AnnData CSR groups, e.g. file.h5ad:X) as dense arrays",
+        help="write sparse matrices (AnnData CSR groups, e.g. file.h5ad:X) as dense arrays "
+        "(without it they are copied as CSR groups)",
     )
     parser.add_argument(
         "--dask-scheduler",
@@ -202,7 +203,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         shuffled = "" if record.shuffle_seed is None else f", shuffled (seed {record.shuffle_seed})"
         size = _size(args.output, parse_storage_options(args.storage_options))
         print(
-            f"arrayfeed: wrote {args.output}: {', '.join(record.checksums)} ({record.rows} rows), "
+            f"arrayfeed: wrote {args.output}: {', '.join(record.arrays)} ({record.rows} rows), "
             f"{layout}, compression {record.compression}{shuffled}, {size} in {seconds:.1f} s"
         )
     return 0

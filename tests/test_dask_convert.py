@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import scipy.sparse
 
 import arrayfeed as af
 
@@ -99,6 +100,9 @@ def test_refusals(client: Any, inputs: dict[str, str], tmp_path: Path) -> None:
         af.convert(inputs, tmp_path / "out.zarr", shuffle=True, seed=1, scheduler=client)
     with pytest.raises(af.ConfigError, match="scheduler"):
         af.convert(inputs, tmp_path / "out.zarr", scheduler=3)
+    matrix = scipy.sparse.random(N, 30, density=0.1, format="csr", random_state=0)
+    with pytest.raises(af.ConfigError, match=r"sparse CSR matrix.*cannot copy as CSR.*densify"):
+        af.convert({"m": matrix}, tmp_path / "out.zarr", scheduler=client)
     assert not (tmp_path / "out.zarr").exists() and not (tmp_path / "out.h5").exists()
 
 
@@ -142,6 +146,4 @@ def test_cli_dask_scheduler(client: Any, inputs: dict[str, str], tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((out / "zarr.json").read_text())["attributes"]
     assert record
-    np.testing.assert_array_equal(
-        af.open_array(out, "x").read(np.arange(N)), np.load(inputs["x"])
-    )
+    np.testing.assert_array_equal(af.open_array(out, "x").read(np.arange(N)), np.load(inputs["x"]))

@@ -30,6 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+import scipy.sparse
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -244,6 +245,16 @@ def test_a_source_pickles_as_its_url_and_reopens_in_a_spawned_process(
 
 
 # -- convert, inspect, bench ---------------------------------------------------------------------
+def test_a_sparse_matrix_into_s3_as_csr(bucket: str) -> None:
+    matrix = scipy.sparse.random(ROWS, 40, density=0.1, format="csr", random_state=3)
+    url = f"s3://{bucket}/m.zarr"
+    record = af.convert({"m": matrix}, url, chunk_rows=100, compression="lzf", progress=False)
+    assert record.sparse == {"m": (40, matrix.nnz)} and af.written_by_arrayfeed(url) == record
+    source = af.open_array(url, "m")
+    assert source.read(np.arange(ROWS, dtype=np.int64)).tobytes() == matrix.toarray().tobytes()
+    assert af.verify(url, progress=False).arrays == ("m",)
+
+
 def test_convert_into_s3_and_back(tmp_path: Path, bucket: str) -> None:
     data = _data()
     url = f"s3://{bucket}/out.zarr"

@@ -388,12 +388,10 @@ def test_inconsistent_matrices_are_named(tmp_path: Path) -> None:
 
 
 # -- convert -----------------------------------------------------------------------------------
-def test_convert_densifies_only_on_request(tmp_path: Path, matrix: Any) -> None:
+def test_convert_densifies_on_request(tmp_path: Path, matrix: Any) -> None:
+    """``densify=True`` writes dense rows (copying as CSR: ``test_convert_sparse.py``)."""
     path = write_h5ad(tmp_path / "m.h5ad", matrix)
     ids = np.arange(matrix.shape[0])
-    with pytest.raises(af.ConfigError, match=r"sparse CSR matrix \(700 x 60.*densify=True"):
-        af.convert({"x": f"{path}:X", "ids": ids}, tmp_path / "out.h5", progress=False)
-    assert not (tmp_path / "out.h5").exists()
     for output, shuffle in (("out.h5", False), ("out.zarr", True)):
         af.convert(
             {"x": f"{path}:X", "ids": ids, "mem": matrix},
@@ -405,8 +403,9 @@ def test_convert_densifies_only_on_request(tmp_path: Path, matrix: Any) -> None:
         )
         got_ids = af.open_array(tmp_path / output, "ids").read(ids)
         for name in ("x", "mem"):
-            got = af.open_array(tmp_path / output, name).read(ids)
-            assert_same_rows(got, matrix.toarray()[got_ids])
+            got = af.open_array(tmp_path / output, name)
+            assert not isinstance(got, SparseRows)
+            assert_same_rows(got.read(ids), matrix.toarray()[got_ids])
         assert af.verify(tmp_path / output, progress=False).rows == 700
 
 
@@ -429,8 +428,6 @@ def test_convert_refuses_the_arrays_of_a_matrix_as_rows(tmp_path: Path, matrix: 
 def test_cli_densify(tmp_path: Path, matrix: Any, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_h5ad(tmp_path / "m.h5ad", matrix)
     out = tmp_path / "o.h5"
-    assert main(["convert", f"x={path}:X", "-o", str(out), "-q"]) != 0
-    assert "--densify" in capsys.readouterr().err and not out.exists()
     assert main(["convert", f"x={path}:X/indices", "-o", str(out), "-q", "--shuffle"]) != 0
     assert "scrambles the matrix" in capsys.readouterr().err and not out.exists()
     assert main(["convert", f"x={path}:X", "-o", str(out), "-q", "--densify"]) == 0

@@ -31,7 +31,7 @@ from .._errors import (
     OutputExistsError,
     ShapeError,
 )
-from .._storage import ConversionRecord, Format, RemotePath, SparseRows, is_store_dir, is_url
+from .._storage import ConversionRecord, Format, RemotePath, is_store_dir, is_url
 from .._validate import flag, optional_integer, seed
 from .atomic import Workspace, clean_stale, deferred_interrupts, fsync_dir, fsync_tree, publish
 from .copy import Copy, Distributor
@@ -136,12 +136,14 @@ def convert(
             still belongs together), so that reading runs of rows later is close to a full shuffle.
         seed: Seed of that order (needs ``shuffle=True``); None draws one, kept in the record.
         progress: Draw a progress bar on stderr; None draws it only when stderr is a terminal.
-        densify: Write sparse matrices (an AnnData CSR group such as ``"data.h5ad:X"``, a
-            ``scipy.sparse`` CSR matrix) as dense arrays of their ``data`` dtype, read through
-            ``indptr`` a slab of rows at a time. Without it they are refused: arrayfeed reads
-            them where they are (``open_array("data.h5ad", "X")``), and a dense copy is often
-            many times larger. Their ``data``/``indices``/``indptr`` arrays are always refused
-            as inputs (copied alone, they scramble the matrix).
+        densify: Sparse matrices (an AnnData CSR group such as ``"data.h5ad:X"``, a
+            ``scipy.sparse`` CSR matrix) are copied as CSR: AnnData's ``csr_matrix`` group
+            (``data``, ``indices``, ``indptr``; read back with ``open_array(output, name)``,
+            anndata or scanpy), every stored entry kept, columns sorted within each row, rows
+            shuffled with the rest. With ``densify=True`` they are written as dense arrays of
+            their ``data`` dtype instead, read through ``indptr`` a slab of rows at a time (a
+            dense copy is often many times larger). Their ``data``/``indices``/``indptr``
+            arrays are always refused as inputs (copied alone, they scramble the matrix).
         storage_options: Options of the fsspec filesystem of URL inputs and of a URL ``output``
             (``s3://bucket/train.zarr``: credentials, ``endpoint_url`` …; the environment's
             ``AWS_*`` variables work too). On object storage, which has no rename, the store is
@@ -154,7 +156,8 @@ def convert(
             output is created here; the workers write disjoint runs of whole chunks of it (they
             must reach the inputs and the output: a shared file system or object storage), and
             the copy is verified and marked complete here, byte for byte what one process
-            writes. Zarr output only, without ``shuffle``.
+            writes. Zarr output only, without ``shuffle``; sparse matrices only with
+            ``densify``.
 
     Returns:
         The :class:`ConversionRecord` stored with the data.
@@ -219,7 +222,8 @@ def convert(
         for name in names:
             parts[name] = open_input(name, inputs[name], storage_options)
             opened.append(parts[name])
-            _check_sparse(parts[name], options.densify)
+            if distribute is not None:
+                _check_sparse_on_dask(parts[name], options.densify)
         _check_lengths(parts)
         if remote is None:
             record = _run(options, parts, workspace, distribute)
@@ -234,6 +238,7 @@ def convert(
                 seed=Copy.draw_seed(options.seed) if options.shuffle else None,
                 progress=options.progress,
                 distribute=distribute,
+                densify=options.densify,
             )
         succeeded = True
         return record
@@ -267,6 +272,7 @@ def _run(
         progress=options.progress,
         writing=writing,
         distribute=distribute,
+        densify=options.densify,
     )
     target = workspace.member("out.h5" if options.format == "hdf5" else "out.zarr")
     with deferred_interrupts() as interrupts:
@@ -392,18 +398,16 @@ def _check_destination(options: _Options) -> None:
         )
 
 
-def _check_sparse(part: Parts, densify: bool) -> None:
-    """Refuse a sparse input unless ``densify``: a dense copy may be far larger than the matrix."""
-    for source in part.sources:
-        if isinstance(source, SparseRows) and not densify:
-            rows, cols = source.shape[:2]
-            dense = format_bytes(rows * cols * source.dtype.itemsize)
-            raise ConfigError(
-                f"`{part.name}` is a sparse CSR matrix ({rows:,} x {cols:,}, {source.nnz:,} "
-                f"stored values); `convert` writes dense arrays, {dense} for this one. Pass "
-                "`densify=True` (command line: --densify) to write it dense, or read it where "
-                "it is: `arrayfeed.open_array(path, key)` streams its rows."
-            )
+def _check_sparse_on_dask(part: Parts, densify: bool) -> None:
+    """Refuse a sparse input copied as CSR on Dask: its entries do not split into whole chunks
+    per slab, so the workers would share chunks."""
+    if part.sparse and not densify:
+        rows, cols = part.shape
+        raise ConfigError(
+            f"`{part.name}` is a sparse CSR matrix ({rows:,} x {cols:,}, {part.nnz:,} stored "
+            "values), which a conversion on Dask cannot copy as CSR yet; convert it without "
+            "`scheduler`, or pass `densify=True` (command line: --densify) to write it dense."
+        )
 
 
 def _check_lengths(parts: Mapping[str, Parts]) -> None:

@@ -34,12 +34,20 @@ import numpy as np
 import numpy.typing as npt
 
 from .._dtypes import check_feedable, native_dtype
-from .._errors import ArrayfeedError, ConfigError, DtypeError, ShapeError, SourceNotFoundError
+from .._errors import (
+    ArrayfeedError,
+    ConfigError,
+    DtypeError,
+    ShapeError,
+    SourceNotFoundError,
+    StructureError,
+)
 from .._storage import (
     Closeable,
     GatherInto,
     RunReader,
     Source,
+    SparseRows,
     as_source,
     expand_url,
     is_array_like,
@@ -117,6 +125,13 @@ class Parts:
                     f"`{label}` has dtype {source.dtype} but `{name}[0]` has {first.dtype}; "
                     "cast the parts to one dtype before concatenating them."
                 )
+        kinds = {isinstance(source, SparseRows) for source in self.sources}
+        if len(kinds) > 1:
+            raise StructureError(
+                f"`{name}` concatenates sparse matrices and dense arrays; give it parts of one "
+                "kind (densify the sparse ones with `.toarray()`, or convert them separately)."
+            )
+        self.sparse = kinds == {True}
         self.lengths = [len(s) for s in self.sources]
         self.offsets = np.cumsum([0, *self.lengths]).astype(np.int64)
         self.n_rows = int(self.offsets[-1])
@@ -173,6 +188,33 @@ class Parts:
                 picked[order] = rows
                 out[mask] = picked
         return out
+
+    # -- sparse matrices (:attr:`sparse`: every part is one) ----------------------------------
+    @property
+    def nnz(self) -> int:
+        """Stored entries of the sparse matrix."""
+        return sum(s.nnz for s in self.sources if isinstance(s, SparseRows))
+
+    def row_lengths(self) -> npt.NDArray[np.int64]:
+        """Stored entries of every row of the sparse matrix."""
+        return np.concatenate([s.row_lengths() for s in self.sources if isinstance(s, SparseRows)])
+
+    def read_stored(
+        self, indices: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], np.ndarray]:
+        """The stored entries of sorted, unique rows of the sparse matrix: ``(lengths, cols,
+        values)`` (see :class:`~arrayfeed._storage.SparseRows`), values in the native order."""
+        bounds = np.searchsorted(indices, self.offsets)
+        pieces = []
+        for p, source in enumerate(self.sources):
+            lo, hi = int(bounds[p]), int(bounds[p + 1])
+            if lo < hi:
+                assert isinstance(source, SparseRows)
+                pieces.append(source.read_stored(indices[lo:hi] - self.offsets[p]))
+        if not pieces:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, self.dtype)
+        lengths, cols, values = (np.concatenate(column) for column in zip(*pieces, strict=True))
+        return lengths, cols, values.astype(self.dtype, copy=False)
 
     def close(self) -> None:
         """Close the files this input opened itself (never a caller's own handles)."""

@@ -174,9 +174,11 @@ def _fixes(
     """One ``arrayfeed convert`` command per group of arrays of the same length."""
     groups: dict[int, list[ArrayLayout]] = {}
     for a in layouts:
-        if a.encoding in ("csr_matrix", "csc_matrix"):
-            continue  # never as rows of its parts; dense only on request (see the notes)
-        if a.shape and a.dtype.kind in "biufc" and a.dtype.fields is None:
+        if a.encoding == "csc_matrix":
+            continue  # to be rewritten as CSR first (see the problems)
+        # A CSR matrix is copied as CSR (never its parts as rows).
+        dense = bool(a.shape) and a.dtype.kind in "biufc" and a.dtype.fields is None
+        if a.encoding == "csr_matrix" or dense:
             groups.setdefault(a.shape[0], []).append(a)
     commands = []
     for i, (_, group) in enumerate(sorted(groups.items(), key=lambda kv: -len(kv[1]))):

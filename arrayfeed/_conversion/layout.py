@@ -142,6 +142,7 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
     gzipped: list[ArrayLayout] = []
     categoricals: list[ArrayLayout] = []
     tables: list[ArrayLayout] = []
+    matrices: dict[int, list[ArrayLayout]] = {}  # CSR matrices, by rows
     for a in arrays:
         if not a.shape:
             notes.append(
@@ -153,6 +154,8 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
             continue
         if a.encoding in ("csr_matrix", "csc_matrix"):
             _assess_sparse(a, problems, notes)  # its chunks hold nonzeros, not rows
+            if a.encoding == "csr_matrix":
+                matrices.setdefault(a.shape[0], []).append(a)
             continue
         if a.dtype.fields is not None:
             tables.append(a)
@@ -202,7 +205,9 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
             )
         for r in rows:
             same = [a for a in chunked if a.chunk_rows == r]
-            total = sum(a.chunk_bytes or 0 for a in same)
+            total = sum(a.chunk_bytes or 0 for a in same) + sum(
+                _csr_bytes(m, r) for m in matrices.get(n_rows, [])
+            )
             if total < TINY_CHUNK_BYTES and r < n_rows:
                 names = ", ".join(_label(a) for a in same)
                 problems.append(
@@ -236,6 +241,13 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
     return problems, notes
 
 
+def _csr_bytes(a: ArrayLayout, rows: int) -> int:
+    """Bytes that ``rows`` rows of the CSR matrix ``a`` store on average (values and column
+    indices, taken as 32-bit: the usual width)."""
+    n_rows = a.shape[0] if a.shape else 0
+    return (a.nnz or 0) * rows // max(1, n_rows) * (a.dtype.itemsize + 4)
+
+
 def _assess_sparse(a: ArrayLayout, problems: list[str], notes: list[str]) -> None:
     """What a sparse matrix (an AnnData ``csr_matrix`` / ``csc_matrix`` group) means for reads."""
     rows, cols = (*a.shape, 0, 0)[:2]
@@ -252,7 +264,7 @@ def _assess_sparse(a: ArrayLayout, problems: list[str], notes: list[str]) -> Non
         f"{_label(a)}: a sparse CSR matrix ({rows:,} x {cols:,}, {nnz:,} stored values, "
         f"{density:.2%} dense); arrayfeed reads its rows through `indptr`, dense "
         f"({format_bytes(a.nbytes)} in all) or as sparse tensors with `sparse=True`. "
-        "`convert` copies it only dense, with `densify=True` (--densify)."
+        "`convert` copies it as CSR (dense with `densify=True`, --densify)."
     )
     chunk_bytes = a.chunk_bytes or 0
     if chunk_bytes > HUGE_CHUNK_BYTES:

@@ -87,9 +87,10 @@ def write_to_url(
     seed: int | None,
     progress: bool | None,
     distribute: Distributor | None = None,
+    densify: bool = False,
 ) -> ConversionRecord:
     """Copy ``parts`` into a new Zarr store at ``output``, verify it, then mark it complete
-    (``distribute``: see :class:`~.copy.Copy`)."""
+    (``distribute``, ``densify``: see :class:`~.copy.Copy`)."""
     copy = Copy(
         fmt,
         parts,
@@ -100,6 +101,7 @@ def write_to_url(
         progress=progress,
         writing=lambda: _writing(output),
         distribute=distribute,
+        densify=densify,
     )
     finished = False
     try:

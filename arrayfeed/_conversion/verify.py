@@ -24,8 +24,10 @@ import numpy as np
 
 from .._errors import CorruptDataError, SourceNotFoundError
 from .._storage import (
+    SPARSE_COMPONENTS,
     ConversionRecord,
     RemotePath,
+    SparseRows,
     is_url,
     open_array,
     open_written,
@@ -109,25 +111,42 @@ def verify(
         )
     names = sorted(record.checksums)
     sources = {name: open_array(p, name, storage_options=storage_options) for name in names}
+    lengths = dict.fromkeys(names, record.rows)
+    for matrix, (_, nnz) in record.sparse.items():
+        _check_sparse(p, matrix, open_array(p, matrix, storage_options=storage_options), record)
+        for part, length in zip(SPARSE_COMPONENTS, (nnz, nnz, record.rows + 1), strict=True):
+            lengths[f"{matrix}/{part}"] = length
     for name, source in sources.items():
-        if len(source) != record.rows:
+        if len(source) != lengths[name]:
             raise CorruptDataError(
-                f"`{name}` in '{p}' has {len(source)} rows, but the record says {record.rows}; "
+                f"`{name}` in '{p}' has {len(source)} rows, but the record says {lengths[name]}; "
                 "the store was changed after it was written. Convert it again."
             )
-    bytes_per_row = row_bytes(sources.values())
+    dense = {n: s for n, s in sources.items() if n.rpartition("/")[0] not in record.sparse}
+    bytes_per_row = row_bytes(dense.values())
     step = slab_rows(
         record.chunk_rows or 1, max(1, bytes_per_row), record.rows, target_bytes=SLAB_BYTES
+    )
+    total = record.rows * bytes_per_row + sum(
+        lengths[n] * s.dtype.itemsize for n, s in sources.items() if n not in dense
     )
     started = time.perf_counter()
     checksums = Checksums(names)
     try:
-        with Progress(record.rows * bytes_per_row, label="verifying", enabled=progress) as bar:
+        with Progress(total, label="verifying", enabled=progress) as bar:
             for a in range(0, record.rows, step):
                 b = min(a + step, record.rows)
-                for name, source in sources.items():
+                for name, source in dense.items():
                     checksums.add(name, read_run(source, a, b))  # made contiguous there
                 bar.update((b - a) * bytes_per_row)
+            for name, source in sources.items():  # the arrays of sparse matrices
+                if name in dense:
+                    continue
+                part_step = max(1, SLAB_BYTES // source.dtype.itemsize)
+                for a in range(0, lengths[name], part_step):
+                    b = min(a + part_step, lengths[name])
+                    checksums.add(name, read_run(source, a, b))
+                    bar.update((b - a) * source.dtype.itemsize)
             found = checksums.result()
     finally:
         checksums.close()
@@ -140,11 +159,27 @@ def verify(
             )
     return VerifyReport(
         path=p,
-        arrays=tuple(names),
+        arrays=record.arrays,
         rows=record.rows,
-        nbytes=record.rows * bytes_per_row,
+        nbytes=total,
         seconds=time.perf_counter() - started,
     )
+
+
+def _check_sparse(p: Path | str, name: str, source: Any, record: ConversionRecord) -> None:
+    """Raise unless ``source`` (``name`` opened again) is the sparse matrix the record names."""
+    n_cols, nnz = record.sparse[name]
+    if (
+        not isinstance(source, SparseRows)
+        or tuple(source.components[2].shape) != (record.rows + 1,)
+        or tuple(getattr(source, "shape", ())) != (record.rows, n_cols)
+        or source.nnz != nnz
+    ):
+        raise CorruptDataError(
+            f"`{name}` in '{p}' does not read as the sparse matrix of {record.rows} x {n_cols} "
+            f"with {nnz} entries that the record names; the store was changed after it was "
+            "written. Convert it again."
+        )
 
 
 def verify_copy(
@@ -166,21 +201,33 @@ def verify_copy(
             f"'{output}'. Check the disk and convert again."
         )
 
+    expected = {
+        name: (p.shape, p.dtype) for name, p in copy.parts.items() if name not in copy.sparse
+    }
+    for name, layout in copy.sparse.items():
+        for part, (length, dtype, _) in layout.arrays().items():
+            expected[f"{name}/{part}"] = ((length,), dtype)
     with (
         Progress(copy.total_bytes, label="verifying", enabled=copy.progress) as bar,
-        open_written(copy.fmt, target, list(copy.parts)) as stored,
+        open_written(copy.fmt, target, copy.array_names, list(copy.sparse)) as stored,
     ):
         for name, missing in stored.missing_chunks.items():
             if missing:
                 total = stored.total_chunks[name]
                 fail(f"`{name}` has {total - missing} of {total} chunks")
-        for name, p in copy.parts.items():
+        for name, (shape, dtype) in expected.items():
             array = stored.arrays[name]
-            if tuple(array.shape) != p.shape or np.dtype(array.dtype) != p.dtype:
+            if tuple(array.shape) != shape or np.dtype(array.dtype) != dtype:
                 fail(
                     f"`{name}` reads back as {tuple(array.shape)} {np.dtype(array.dtype)}, "
-                    f"not {p.shape} {p.dtype}"
+                    f"not {shape} {dtype}"
                 )
+        for name, layout in copy.sparse.items():
+            attrs = stored.group_attrs[name]
+            if attrs.get("encoding-type") != "csr_matrix" or [
+                int(n) for n in np.asarray(attrs.get("shape")).reshape(-1)
+            ] != [layout.n_rows, layout.n_cols]:
+                fail(f"the group `{name}` does not read back as a CSR matrix of its shape")
         if copy.distribute is not None:  # read back where it was written, in parallel
             checksums = copy.distribute.checksums(copy, target)
         else:
@@ -195,13 +242,24 @@ def verify_copy(
 def _checksums(
     copy: Copy, arrays: Mapping[str, Any], bar: Progress, interrupts: Interrupts
 ) -> dict[str, int]:
-    running = Checksums(list(copy.parts))
+    running = Checksums(copy.array_names)
+    dense = [name for name in copy.parts if name not in copy.sparse]
     try:
         for a, b in copy.slabs():
-            for name in copy.parts:
+            for name in dense:
                 running.add(name, np.asarray(arrays[name][a:b]))
-            bar.update((b - a) * copy.row_bytes)
+            bar.update((b - a) * sum(copy.parts[name].row_bytes for name in dense))
             interrupts.checkpoint()
+        for name in copy.array_names:  # the arrays of sparse matrices, each at its own length
+            if name in dense:
+                continue
+            array = arrays[name]
+            step = max(1, SLAB_BYTES // np.dtype(array.dtype).itemsize)
+            for a in range(0, int(array.shape[0]), step):
+                values = np.asarray(array[a : a + step])
+                running.add(name, values)
+                bar.update(values.nbytes)
+                interrupts.checkpoint()
         return running.result()
     finally:
         running.close()

@@ -30,6 +30,7 @@ from .base import (
     ReadRangeInto,
     RunReader,
     Source,
+    SparseLayout,
     SparseRows,
     StoredArrays,
     StoreInfo,
@@ -56,13 +57,14 @@ from .open import (
     split_spec,
     written_by_arrayfeed,
 )
-from .record import MARKER, ConversionRecord
+from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
 from .remote import RemotePath, expand_url, is_url, remote_error
-from .sparse import ragged_arange
+from .sparse import csr_source, ragged_arange
 from .zarrwrite import DestinationState, destination_state, mark_complete, remove_store
 
 __all__ = [
     "MARKER",
+    "SPARSE_COMPONENTS",
     "ArrayLayout",
     "Categorical",
     "Chunked",
@@ -77,6 +79,7 @@ __all__ = [
     "RemotePath",
     "RunReader",
     "Source",
+    "SparseLayout",
     "SparseRows",
     "StoreInfo",
     "StoredArrays",
@@ -86,6 +89,7 @@ __all__ = [
     "as_source",
     "chunked_rows",
     "create_writer",
+    "csr_source",
     "describe",
     "destination_state",
     "expand_url",

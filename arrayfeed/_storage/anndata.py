@@ -40,6 +40,8 @@ import zarr as _zarr
 from .._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError
 from . import hdf5, zarr
 from .base import ArrayLayout, Closeable, Source, StoreInfo
+from .record import SPARSE_COMPONENTS
+from .remote import RemotePath
 from .sparse import CSRSource, csr_source, refuse_csc
 
 __all__ = [
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 #: The arrays of a compressed sparse matrix group.
-COMPONENTS = ("data", "indices", "indptr")
+COMPONENTS = SPARSE_COMPONENTS
 
 
 def _text(value: Any) -> str | None:
@@ -95,11 +97,11 @@ def _with_categories(source: Source, labels: tuple[str, ...]) -> Source:
     return source
 
 
-def _sparse_error(path: Path, key: str, attrs: Mapping[str, Any]) -> ArrayfeedError:
+def _sparse_error(path: Path | RemotePath, key: str, attrs: Mapping[str, Any]) -> ArrayfeedError:
     return refuse_csc(f"{path}:{key}", _shape(attrs) or ())
 
 
-def _missing(path: Path, key: str, what: str) -> CorruptDataError:
+def _missing(path: Path | RemotePath, key: str, what: str) -> CorruptDataError:
     return CorruptDataError(
         f"'{path}:{key}' is {what}, but its parts are missing or not arrays; the file is "
         "damaged or not written by AnnData."
@@ -119,7 +121,7 @@ def _element_names(root: Any) -> list[str]:
     return names
 
 
-def _anndata_hint(path: Path, names: list[str]) -> SourceNotFoundError:
+def _anndata_hint(path: Path | RemotePath, names: list[str]) -> SourceNotFoundError:
     shown = ", ".join(repr(n) for n in names[:12]) + (" …" if len(names) > 12 else "")
     return SourceNotFoundError(
         f"'{path}' is an AnnData file and no `key` names one of its elements; pass one, e.g. "
@@ -208,10 +210,12 @@ def _h5_table_column(f: h5py.File, path: Path, key: str) -> Source | None:
 
 
 # -- Zarr ---------------------------------------------------------------------------------------
-def open_zarr_element(path: Path, key: str | None, strict: bool | None = None) -> Source | None:
-    """As :func:`open_h5_element`, for an AnnData Zarr store."""
+def open_zarr_element(
+    path: Path | RemotePath, key: str | None, strict: bool | None = None
+) -> Source | None:
+    """As :func:`open_h5_element`, for an AnnData Zarr store (local or on object storage)."""
     try:
-        root = _zarr.open(store=str(path), mode="r")
+        root = zarr.open_node(path)
     except Exception:  # not a store: open_zarr reports it
         return None
     if not isinstance(root, _zarr.Group):

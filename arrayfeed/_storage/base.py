@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from .record import ConversionRecord
+from .record import SPARSE_COMPONENTS, ConversionRecord
 
 __all__ = [
     "GZIP_LEVEL",
@@ -48,6 +48,7 @@ __all__ = [
     "ReadRangeInto",
     "RunReader",
     "Source",
+    "SparseLayout",
     "SparseRows",
     "StoreInfo",
     "StoredArrays",
@@ -172,7 +173,22 @@ class SparseRows(Protocol):
     @property
     def nnz(self) -> int: ...
 
+    @property
+    def components(self) -> tuple[Source, Source, Source]:
+        """The sources of ``data``, ``indices`` and ``indptr``, as stored."""
+        ...
+
     def read_csr(self, indices: Indices) -> tuple[Indices, Indices, np.ndarray]: ...
+
+    def row_lengths(self) -> Indices:
+        """Stored entries of every row (``int64``, one per row), from ``indptr``."""
+        ...
+
+    def read_stored(self, indices: Indices) -> tuple[Indices, Indices, np.ndarray]:
+        """The stored entries of sorted, unique rows ``indices``, as a copy keeps them:
+        ``(lengths, cols, values)``, the rows' entries one row after another, columns sorted
+        within each row, and repeated entries kept (``lengths`` equal :meth:`row_lengths`)."""
+        ...
 
 
 @runtime_checkable
@@ -320,6 +336,49 @@ class Writer(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SparseLayout:
+    """A CSR matrix as a conversion writes it: AnnData's ``csr_matrix`` group (``data``,
+    ``indices`` and ``indptr`` arrays, attributes ``encoding-type``, ``encoding-version`` and
+    ``shape``), which arrayfeed, anndata and scanpy read.
+
+    Attributes:
+        n_rows, n_cols: The matrix's shape.
+        nnz: Stored entries (the length of ``data`` and ``indices``).
+        dtypes: Of ``data``, ``indices`` and ``indptr`` (:data:`~.record.SPARSE_COMPONENTS`).
+        chunk: Entries per chunk of ``data`` and ``indices``; None: as the dense arrays are
+            (contiguous in HDF5, one chunk in Zarr).
+        indptr_chunk: Entries per chunk of ``indptr``; None likewise.
+    """
+
+    n_rows: int
+    n_cols: int
+    nnz: int
+    dtypes: tuple[np.dtype[Any], np.dtype[Any], np.dtype[Any]]
+    chunk: int | None
+    indptr_chunk: int | None
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The group's attributes (as AnnData writes them)."""
+        return {
+            "encoding-type": "csr_matrix",
+            "encoding-version": "0.1.0",
+            "shape": [self.n_rows, self.n_cols],
+        }
+
+    def arrays(self) -> dict[str, tuple[int, np.dtype[Any], int | None]]:
+        """Component name -> ``(length, dtype, entries per chunk)``."""
+        lengths = (self.nnz, self.nnz, self.n_rows + 1)
+        chunks = (self.chunk, self.chunk, self.indptr_chunk)
+        return {
+            part: (n, dtype, chunk)
+            for part, n, dtype, chunk in zip(
+                SPARSE_COMPONENTS, lengths, self.dtypes, chunks, strict=True
+            )
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
 class StoredArrays:
     """A written store opened again to check it.
 
@@ -328,9 +387,11 @@ class StoredArrays:
         record: The record stored with the data, if any.
         missing_chunks: Name -> chunks not stored (0 for formats that store every chunk).
         total_chunks: Name -> chunks the array has.
+        group_attrs: Group name -> its attributes (the groups asked for).
     """
 
     arrays: Mapping[str, Any]
     record: ConversionRecord | None
     missing_chunks: Mapping[str, int] = field(default_factory=dict)
     total_chunks: Mapping[str, int] = field(default_factory=dict)
+    group_attrs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

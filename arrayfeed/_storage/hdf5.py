@@ -337,7 +337,9 @@ def open_hdf5(
     except SourceUnavailableError:
         raise
     except OSError as exc:
-        raise netcdf3_error(path) or CorruptDataError(f"cannot open HDF5 file '{path}' for reading ({exc}).") from None
+        raise netcdf3_error(path) or CorruptDataError(
+            f"cannot open HDF5 file '{path}' for reading ({exc})."
+        ) from None
     datasets = data_names(f)
     if key is None and len(datasets) == 1:
         key = datasets[0]
@@ -364,9 +366,11 @@ def data_names(group: h5py.Group) -> list[str]:
     placeholders left out)."""
     names: list[str] = []
     group.visititems(
-        lambda name, obj: names.append(name)
-        if isinstance(obj, h5py.Dataset) and not is_dimension_placeholder(obj.attrs)
-        else None
+        lambda name, obj: (
+            names.append(name)
+            if isinstance(obj, h5py.Dataset) and not is_dimension_placeholder(obj.attrs)
+            else None
+        )
     )
     return names
 

@@ -196,7 +196,10 @@ def describe_npy(path: Path) -> StoreInfo:
     """The one array of a ``.npy`` file, from its header."""
     source = NpySource(path)
     layout = ArrayLayout(
-        name="", shape=source.shape, dtype=source.dtype, chunks=None,
+        name="",
+        shape=source.shape,
+        dtype=source.dtype,
+        chunks=None,
         stored_bytes=path.stat().st_size,
     )
     return StoreInfo(format=".npy", arrays=(layout,), specs={"": str(path)})

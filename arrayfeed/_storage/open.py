@@ -20,7 +20,7 @@ import zarr as _zarr
 
 from .._errors import ConfigError, SourceNotFoundError, StructureError
 from . import anndata, h5describe, h5write, hdf5, lazy, npy, openurl, sparse, zarr, zarrwrite
-from .base import Source, StoredArrays, StoreInfo, Writer
+from .base import Source, SparseLayout, StoredArrays, StoreInfo, Writer
 from .memory import ArraySource
 from .record import ConversionRecord
 from .remote import RemotePath, is_url
@@ -199,7 +199,7 @@ def open_for_copy(
         raise StructureError(
             f"'{path}:{key}' is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows "
             f"of data; copying it alone scrambles the matrix. Name the matrix instead: "
-            f"'{path}:{part[0]}' (converted dense, with `densify=True` / --densify)."
+            f"'{path}:{part[0]}' (copied as CSR; dense with `densify=True` / --densify)."
         )
     if path.suffix.lower() == ".npz" and path.is_file():
         return npy.NpzMemberSource(path, key)
@@ -255,20 +255,21 @@ def create_writer(
     arrays: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]],
     chunk_rows: int | None,
     compression: str,
+    sparse: Mapping[str, SparseLayout] | None = None,
 ) -> Writer:
     """A new store at ``path`` with one array of ``(shape, dtype)`` per name (``chunk_rows``
-    None: contiguous in HDF5, one chunk of all rows in Zarr). Object storage (a
-    :class:`RemotePath`) takes Zarr only."""
+    None: contiguous in HDF5, one chunk of all rows in Zarr), and a CSR group per name of
+    ``sparse``. Object storage (a :class:`RemotePath`) takes Zarr only."""
     if fmt == "hdf5":
         if isinstance(path, RemotePath):
             raise ConfigError(
                 f"`output` '{path}' is on object storage, where arrayfeed writes Zarr stores "
                 "only (an HDF5 file cannot be written in place there); end it in .zarr."
             )
-        return h5write.H5Writer(path, arrays, chunk_rows, compression)
+        return h5write.H5Writer(path, arrays, chunk_rows, compression, sparse)
     if fmt == "zarr":
         rows = chunk_rows or max((shape[0] for shape, _ in arrays.values()), default=1)
-        return zarrwrite.ZarrWriter(path, arrays, rows, compression)
+        return zarrwrite.ZarrWriter(path, arrays, rows, compression, sparse)
     raise ConfigError(f"unknown store format {fmt!r}; use 'hdf5' or 'zarr'.")
 
 
@@ -280,16 +281,22 @@ def open_region_writer(path: Path | RemotePath) -> Writer:
 
 @contextlib.contextmanager
 def open_written(
-    fmt: Format, path: Path | RemotePath, names: list[str], *, count_chunks: bool = True
+    fmt: Format,
+    path: Path | RemotePath,
+    names: list[str],
+    groups: list[str] | None = None,
+    *,
+    count_chunks: bool = True,
 ) -> Iterator[StoredArrays]:
-    """The store a :func:`create_writer` wrote at ``path``, opened again to check it
-    (``count_chunks=False``: without ``missing_chunks``, which lists every Zarr chunk key)."""
+    """The store a :func:`create_writer` wrote at ``path``, opened again to check it: arrays
+    ``names`` and the attributes of ``groups`` (``count_chunks=False``: without
+    ``missing_chunks``, which lists every Zarr chunk key)."""
     if fmt == "hdf5":
         assert isinstance(path, Path)
-        with h5write.open_written(path, names) as stored:
+        with h5write.open_written(path, names, groups) as stored:
             yield stored
     else:
-        with zarrwrite.open_written(path, names, count_chunks=count_chunks) as stored:
+        with zarrwrite.open_written(path, names, groups, count_chunks=count_chunks) as stored:
             yield stored
 
 

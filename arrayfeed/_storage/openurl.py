@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ArrayfeedError, ConfigError, CorruptDataError, SourceNotFoundError
-from . import h5describe, hdf5, npy, zarr
+from . import anndata, h5describe, hdf5, npy, zarr
 from .base import ArrayLayout, Indices, Source, StoreInfo
 from .record import ConversionRecord
 from .remote import RemotePath, remote_error
@@ -127,8 +127,9 @@ def open_url(
             f"`field` ({field!r}) names a field of an HDF5 compound dataset, but '{location}' is "
             "not an HDF5 file; drop `field`."
         )
-    if kind == "zarr":
-        return zarr.open_zarr(location, key, strict)
+    if kind == "zarr":  # AnnData's encoded elements (a CSR group …) first, as locally
+        encoded = anndata.open_zarr_element(location, key, strict)
+        return encoded or zarr.open_zarr(location, key, strict)
     if kind == "hdf5":
         return RemoteH5Source.open(location, key, field)
     if kind == "npy":
@@ -229,9 +230,10 @@ class RemoteH5Source:
         dataset = self._dataset()
         shape, dtype = tuple(int(n) for n in dataset.shape), np.dtype(dataset.dtype)
         if field is not None:
-            if field not in (dtype.fields or {}):
+            fields = dtype.fields or {}
+            if field not in fields:
                 raise SourceNotFoundError(f"HDF5 dataset '{self.name}' has no field {field!r}.")
-            stored = np.dtype(dtype.fields[field][0])  # type: ignore[index]
+            stored = np.dtype(fields[field][0])
             shape, dtype = (*shape, *stored.shape), np.dtype(stored.base)
         self._shape = shape
         self._dtype: np.dtype[Any] = dtype

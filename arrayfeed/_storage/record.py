@@ -21,6 +21,7 @@ from .._errors import CorruptDataError
 __all__ = [
     "MARKER",
     "RECORD_FORMAT",
+    "SPARSE_COMPONENTS",
     "ConversionRecord",
     "marked_complete",
     "marker_state",
@@ -31,6 +32,8 @@ __all__ = [
 MARKER = "arrayfeed"
 #: Version of the record's JSON layout.
 RECORD_FORMAT = 1
+#: The arrays of a sparse matrix stored as CSR, each with its own checksum.
+SPARSE_COMPONENTS = ("data", "indices", "indptr")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +49,10 @@ class ConversionRecord:
             :func:`convert`).
         shuffle_seed: Seed of the shared row permutation, or None when rows kept their order.
         checksums: Per array, ``zlib.crc32`` of its rows in order, C-contiguous, little-endian.
+            A sparse matrix has one per component: ``NAME/data``, ``NAME/indices``,
+            ``NAME/indptr``.
+        sparse: Per sparse matrix stored as CSR (AnnData's ``csr_matrix`` group), its
+            ``(columns, stored entries)``; it has :attr:`rows` rows, like every array.
     """
 
     version: str
@@ -55,9 +62,21 @@ class ConversionRecord:
     compression: str
     shuffle_seed: int | None
     checksums: Mapping[str, int] = field(default_factory=dict)
+    sparse: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """The names of the arrays and sparse matrices written, sorted."""
+        parts = {f"{name}/{part}" for name in self.sparse for part in SPARSE_COMPONENTS}
+        return tuple(sorted({n for n in self.checksums if n not in parts} | set(self.sparse)))
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON-compatible values (what is stored)."""
+        extra: dict[str, Any] = {}
+        if self.sparse:  # absent otherwise: a dense store's record is what it always was
+            extra["sparse"] = {
+                name: {"columns": cols, "nnz": nnz} for name, (cols, nnz) in self.sparse.items()
+            }
         return {
             "format": RECORD_FORMAT,
             "version": self.version,
@@ -68,6 +87,7 @@ class ConversionRecord:
             "shuffle_seed": self.shuffle_seed,
             "checksum": "crc32",
             "checksums": dict(self.checksums),
+            **extra,
         }
 
     @classmethod
@@ -86,6 +106,10 @@ class ConversionRecord:
                 compression=str(data["compression"]),
                 shuffle_seed=None if data["shuffle_seed"] is None else int(data["shuffle_seed"]),
                 checksums={str(k): int(v) for k, v in data["checksums"].items()},
+                sparse={
+                    str(k): (int(v["columns"]), int(v["nnz"]))
+                    for k, v in data.get("sparse", {}).items()
+                },
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise CorruptDataError(

@@ -265,6 +265,33 @@ class CSRSource:
         return _canonical(rows, cols, values, len(indices), self._shape[1])
 
     @property
+    def components(self) -> tuple[Source, Source, Source]:
+        """The sources of ``data``, ``indices`` and ``indptr``."""
+        return self.data, self.indices, self.indptr
+
+    def row_lengths(self) -> Indices:
+        """Stored entries of every row (``int64``), from ``indptr`` read whole."""
+        whole = self._whole_indptr()
+        if whole is None:  # larger than the cache: read it here once, for this caller
+            out = np.empty(len(self.indptr), dtype=native_dtype(self.indptr.dtype))
+            _read_1d(self.indptr, 0, len(self.indptr), out)
+            whole = out.astype(np.int64, copy=False)
+        lengths = np.diff(whole)
+        if len(lengths) and (int(whole[0]) < 0 or int(lengths.min()) < 0):
+            self._corrupt("`indptr` decreases")
+        return lengths
+
+    def read_stored(self, indices: Indices) -> tuple[Indices, Indices, np.ndarray]:
+        """The stored entries of sorted, unique rows ``indices``: ``(lengths, cols, values)``,
+        columns sorted within each row, repeated entries kept (see :class:`~.base.SparseRows`)."""
+        rows, cols, values = self._entries(indices)
+        keys = rows * max(self._shape[1], 1) + cols
+        if len(keys) > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
+            order = np.argsort(keys, kind="stable")  # repeated entries keep their order
+            cols, values = cols[order], values[order]
+        return np.bincount(rows, minlength=len(indices)).astype(np.int64), cols, values
+
+    @property
     def chunk_rows(self) -> int | None:
         """Rows whose values fill about one chunk of ``data``, when ``data`` is chunked."""
         chunk = self.data.chunk_rows if isinstance(self.data, Chunked) else None

@@ -28,7 +28,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 
 from .._version import __version__
-from .base import GZIP_LEVEL, StoredArrays
+from .base import GZIP_LEVEL, SparseLayout, StoredArrays
 from .record import MARKER, ConversionRecord, marker_state
 from .remote import RemotePath, remote_error
 from .zarr import open_node, read_record
@@ -56,9 +56,10 @@ def _zarr_compressors(compression: str) -> Any:
 
 
 class ZarrWriter:
-    """Writes one array per name into a new Zarr v3 group, every chunk stored (see
-    :class:`~.base.Writer`). The group carries a record marked incomplete until :meth:`finish`
-    (or :func:`mark_complete`) replaces it."""
+    """Writes one array per name into a new Zarr v3 group, every chunk stored, and each of
+    ``sparse`` as AnnData's ``csr_matrix`` group (see :class:`~.base.Writer`; its components are
+    written as arrays named ``NAME/data``, ``NAME/indices``, ``NAME/indptr``). The group carries
+    a record marked incomplete until :meth:`finish` (or :func:`mark_complete`) replaces it."""
 
     def __init__(
         self,
@@ -66,6 +67,7 @@ class ZarrWriter:
         arrays: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]],
         chunk_rows: int,
         compression: str,
+        sparse: Mapping[str, SparseLayout] | None = None,
     ) -> None:
         if isinstance(path, RemotePath):
             _remove(path)
@@ -80,23 +82,44 @@ class ZarrWriter:
         unfinished = ConversionRecord(
             version=__version__,
             complete=False,
-            rows=max((shape[0] for shape, _ in arrays.values()), default=0),
+            rows=max(
+                [shape[0] for shape, _ in arrays.values()]
+                + [layout.n_rows for layout in (sparse or {}).values()],
+                default=0,
+            ),
             chunk_rows=chunk_rows,
             compression=compression,
             shuffle_seed=None,
         )
         self.group.attrs[MARKER] = unfinished.to_json()  # before any array
+        self.compression = compression
         self.arrays: dict[str, Any] = {}
         for name, (shape, dtype) in arrays.items():
-            self.arrays[name] = self.group.create_array(
-                name,
-                shape=shape,
-                dtype=dtype,
-                chunks=(chunk_rows, *shape[1:]),
-                # A CRC-32C per chunk: a flipped bit is a read error, never wrong values.
-                compressors=[*(_zarr_compressors(compression) or []), Crc32cCodec()],
-                config={"write_empty_chunks": True},
-            )
+            self.arrays[name] = self._create(self.group, name, shape, dtype, chunk_rows)
+        for name, layout in (sparse or {}).items():
+            group = self.group.create_group(name, attributes=layout.attrs)
+            for part, (length, dtype, chunk) in layout.arrays().items():
+                self.arrays[f"{name}/{part}"] = self._create(
+                    group, part, (length,), dtype, chunk or length
+                )
+
+    def _create(
+        self,
+        where: Any,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        chunk_rows: int,
+    ) -> Any:
+        return where.create_array(
+            name,
+            shape=shape,
+            dtype=dtype,
+            chunks=(max(1, chunk_rows), *shape[1:]),
+            # A CRC-32C per chunk: a flipped bit is a read error, never wrong values.
+            compressors=[*(_zarr_compressors(self.compression) or []), Crc32cCodec()],
+            config={"write_empty_chunks": True},
+        )
 
     def write(self, name: str, start: int, rows: np.ndarray) -> None:
         self.arrays[name][start : start + len(rows)] = rows
@@ -136,10 +159,15 @@ class ZarrRegionWriter:
 
 @contextlib.contextmanager
 def open_written(
-    path: Path | RemotePath, names: list[str], *, count_chunks: bool = True
+    path: Path | RemotePath,
+    names: list[str],
+    groups: list[str] | None = None,
+    *,
+    count_chunks: bool = True,
 ) -> Iterator[StoredArrays]:
-    """A converted Zarr group opened again to check it (arrays ``names``); ``count_chunks``:
-    also count the stored chunks (lists every chunk key: once per conversion, not per slab)."""
+    """A converted Zarr group opened again to check it (arrays ``names``, and the attributes
+    of ``groups``); ``count_chunks``: also count the stored chunks (lists every chunk key: once
+    per conversion, not per slab)."""
     group = open_node(path)
     if not isinstance(group, zarr.Group):  # pragma: no cover - the writer made a group
         raise TypeError(f"'{path}' is not a Zarr group")
@@ -151,6 +179,7 @@ def open_written(
         if count_chunks
         else {},
         total_chunks={n: int(a.nchunks) for n, a in arrays.items()},
+        group_attrs={g: dict(group[g].attrs) for g in groups or ()},
     )
 
 
