@@ -3,7 +3,9 @@
 A matrix of 20,000 x 2,000 float32 at 2 % density (about 800,000 stored values, 160 MB dense),
 stored the ways a user has it: a ``scipy.sparse`` CSR matrix in memory, an ``.h5ad`` written as
 anndata writes it (resizable, so chunked, datasets), the same with contiguous datasets (memory
-mapped), and an AnnData Zarr v3 store. For each, ``arrayfeed.batches`` (no TensorFlow) with batch
+mapped), an AnnData Zarr v3 store, and ``arrayfeed convert``'s CSR copies of the ``.h5ad``
+(HDF5 with the default, no compression, hence contiguous; Zarr with lzf; the conversion time is
+printed). For each, ``arrayfeed.batches`` (no TensorFlow) with batch
 256 and a full shuffle (and ``shuffle="block"``), yielding dense rows (the default) and
 ``sparse=True`` batches (``scipy.sparse.csr_array``); with ``--tf``, ``from_arrays`` too.
 
@@ -112,11 +114,20 @@ def main(argv: list[str] | None = None) -> None:
         args.seconds, args.reps = 1.0, 2
     m = make_matrix(args.rows, args.cols, args.density)
     tmp = Path(tempfile.mkdtemp(prefix="bench_sparse_"))
+    h5ad = write_h5ad(tmp / "a.h5ad", m)
+    converted: dict[str, float] = {}  # `arrayfeed convert` of the .h5ad, copied as CSR: seconds
+    for out, compression in (("o.h5", None), ("o.zarr", "lzf")):
+        began = time.perf_counter()
+        af.convert({"X": f"{h5ad}:X"}, tmp / out, compression=compression, progress=False)
+        converted[out] = time.perf_counter() - began
+    zarr_paths = {"AnnData Zarr v3": tmp / "a.zarr", "convert output, Zarr lzf": tmp / "o.zarr"}
     stored: dict[str, Any] = {
         "scipy CSR in RAM": m,
-        "h5ad (as anndata writes)": f"{write_h5ad(tmp / 'a.h5ad', m)}:X",
+        "h5ad (as anndata writes)": f"{h5ad}:X",
         "h5ad, contiguous": f"{write_contiguous(tmp / 'c.h5ad', m)}:X",
         "AnnData Zarr v3": af.open_array(write_anndata_zarr(tmp / "a.zarr", m), "X"),
+        "convert output, HDF5 (contiguous)": f"{tmp / 'o.h5'}:X",
+        "convert output, Zarr lzf": af.open_array(tmp / "o.zarr", "X"),
     }
     for value in stored.values():  # page-cache the files
         source = af.open_array(value) if isinstance(value, str) else af.open_array(m)
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         elif not isinstance(value, scipy.sparse.spmatrix):
             import zarr
 
-            g = zarr.open_group(str(tmp / "a.zarr"), mode="r")["X"]
+            g = zarr.open_group(str(zarr_paths[name]), mode="r")["X"]
             whole = scipy.sparse.csr_matrix(
                 (g["data"][...], g["indices"][...], g["indptr"][...]), shape=m.shape
             )
@@ -207,6 +218,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'case':{width}}  {'rows/s':>11}  {'vs densified stream':>19}")
     for name, value in medians.items():
         print(f"{name:{width}}  {value:>11,.0f}  {value / base:>18.2f}x")
+    print(
+        "\narrayfeed convert of the .h5ad, copied as CSR (HDF5 uncompressed, Zarr lzf): "
+        + ", ".join(f"{out} {seconds:.2f} s" for out, seconds in converted.items())
+    )
     epoch_s = args.rows / base
     print("\ndensify the whole matrix first (read + toarray), then one epoch from RAM:")
     for name, times in densify.items():

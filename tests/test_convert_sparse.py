@@ -281,3 +281,19 @@ def test_inspect_proposes_copying_the_matrix_as_csr(tmp_path: Path, matrix: Any)
     out = Path(words[words.index("-o") + 1])
     assert (_stored(out, "X") != matrix).nnz == 0
     assert af.inspect(out).suited
+
+
+def test_an_opened_array_of_a_matrix_is_refused_as_rows(tmp_path: Path, matrix: Any) -> None:
+    pca = np.ones((ROWS, 3), np.float32)
+    h5ad = write_h5ad(tmp_path / "m.h5ad", matrix, obsm={"X_pca": pca})
+    store = write_anndata_zarr(tmp_path / "m.zarr", matrix)
+    with h5py.File(h5ad, "r") as f:
+        for part in ("data", "indices", "indptr"):
+            with pytest.raises(af.StructureError, match=rf"`{part}` array of the sparse matrix"):
+                af.convert({"x": f[f"X/{part}"]}, tmp_path / "o.h5", progress=False)
+        af.convert({"pca": f["obsm/X_pca"]}, tmp_path / "ok.h5", progress=False)  # a plain array
+    assert af.open_array(tmp_path / "ok.h5", "pca").shape == pca.shape
+    group = zarr.open_group(str(store), mode="r")
+    with pytest.raises(af.StructureError, match=r"`indices` array of the sparse matrix 'X'"):
+        af.convert({"x": group["X/indices"]}, tmp_path / "o.h5", progress=False)
+    assert not (tmp_path / "o.h5").exists()

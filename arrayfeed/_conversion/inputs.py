@@ -48,7 +48,7 @@ from .._storage import (
     RunReader,
     Source,
     SparseRows,
-    as_source,
+    as_source_for_copy,
     expand_url,
     is_array_like,
     is_url,
@@ -258,7 +258,7 @@ def open_input(name: str, value: Any, storage_options: Mapping[str, Any] | None 
                 sources.append(source)
                 owned.append(source)
             elif is_array_like(item):
-                sources.append(as_source(item, where))
+                sources.append(as_source_for_copy(item, where))
             else:
                 raise ConfigError(
                     f"`{where}` holds a value of type {type(item).__name__}, which is not an "

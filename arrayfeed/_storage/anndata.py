@@ -49,6 +49,7 @@ __all__ = [
     "Element",
     "annotate",
     "component_of",
+    "node_component_of",
     "open_h5_element",
     "open_zarr_element",
 ]
@@ -396,4 +397,25 @@ def component_of(path: str | os.PathLike[str], key: str | None) -> tuple[str, st
     for element in elements(path):
         if element.name == group and element.kind.endswith("_matrix"):
             return group, part
+    return None
+
+
+def node_component_of(array: Any) -> tuple[str, str] | None:
+    """``(matrix, part)`` when ``array`` (an ``h5py.Dataset`` or ``zarr.Array`` a caller opened)
+    is the ``data``, ``indices`` or ``indptr`` array of a sparse matrix group, else None."""
+    if isinstance(array, h5py.Dataset):
+        name = str(array.name or "").strip("/")
+        group, _, part = name.rpartition("/")
+        if part in COMPONENTS and sparse_format(array.parent.attrs) is not None:
+            return group, part
+        return None
+    if isinstance(array, _zarr.Array):
+        group, _, part = str(array.path).strip("/").rpartition("/")
+        if part not in COMPONENTS:
+            return None
+        try:
+            parent = _zarr.open_group(store=array.store, path=group, mode="r")
+        except Exception:  # no group metadata above it (an array store of its own)
+            return None
+        return (group, part) if sparse_format(parent.attrs) is not None else None
     return None

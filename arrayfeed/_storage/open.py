@@ -28,6 +28,7 @@ from .remote import RemotePath, is_url
 __all__ = [
     "array_keys",
     "as_source",
+    "as_source_for_copy",
     "create_writer",
     "open_region_writer",
     "describe",
@@ -204,6 +205,18 @@ def open_for_copy(
     if path.suffix.lower() == ".npz" and path.is_file():
         return npy.NpzMemberSource(path, key)
     return open_array(path, key)
+
+
+def as_source_for_copy(obj: Any, name: str) -> Source:
+    """Like :func:`as_source`, but an ``h5py.Dataset`` or ``zarr.Array`` that is a component
+    array of a sparse matrix (``f["X/data"]``) is refused, as :func:`open_for_copy` refuses it."""
+    if (part := anndata.node_component_of(obj)) is not None:
+        raise StructureError(
+            f"`{name}` is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows of "
+            "data; copying it alone scrambles the matrix. Pass the matrix instead: its file and "
+            f"key ('FILE:{part[0]}'; copied as CSR, dense with `densify=True` / --densify)."
+        )
+    return as_source(obj, name)
 
 
 def array_keys(
