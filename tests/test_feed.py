@@ -65,6 +65,22 @@ def _reader_threads() -> int:
     return sum(t.name.startswith("arrayfeed-read") for t in threading.enumerate())
 
 
+def test_group_indices_go_into_recycled_buffers() -> None:
+    # Beside TensorFlow (which lowers glibc's mmap threshold) a fresh index array per group is a
+    # fresh mmap: once a group's buffers are released, the next group reuses all of them.
+    feed = _feed(n=5000, batch=8, num_threads=1)
+    feed.group_steps = 16
+    feed.read_group(0, 0, 16)
+    fresh, reused = feed.pool.fresh, feed.pool.reused
+    assert fresh == 3  # two leaves and the indices
+    for first in range(0, 320, 16):
+        group = feed.read_group(1, first, first + 16)
+        rows = feed.plan.indices(1, first, first + 16).reshape(16, 8)
+        np.testing.assert_array_equal(group["a"], rows)
+        del group  # released before the next group is read
+    assert feed.pool.fresh == fresh and feed.pool.reused == reused + 3 * 20
+
+
 def test_abandoned_epoch_shuts_its_threads_down() -> None:
     assert _reader_threads() == 0
     for _ in range(20):

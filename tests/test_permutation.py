@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._pipeline.permutation import EXACT_MAX, derive_key, invert, permute
+from arrayfeed._pipeline.permutation import CHUNK, EXACT_MAX, derive_key, invert, permute
 
 # Sizes on both sides of the switch from the exact construction to the Feistel network.
 SIZES = [0, 1, 2, 3, 10, 1000, EXACT_MAX - 1, EXACT_MAX, EXACT_MAX + 1, 3 * EXACT_MAX + 17, 1 << 18]
@@ -102,3 +105,40 @@ def test_rejects_out_of_range_values() -> None:
         permute(np.array([5]), 5, key=0)
     with pytest.raises(ValueError, match=r"images must lie in \[0, 5\)"):
         invert(np.array([-1]), 5, key=0)
+
+
+def test_the_stream_is_pinned() -> None:
+    # Values from the release before the in-place network: a seed must keep giving the same
+    # epochs (resuming a run on a newer arrayfeed), on both constructions.
+    assert permute(np.arange(6), 1_000_000, derive_key(0, 1)).tolist() == [
+        928488, 532402, 436988, 635623, 662069, 128424,
+    ]  # fmt: skip
+    assert permute(np.arange(6), 1000, derive_key(0, 1)).tolist() == [306, 163, 928, 288, 416, 881]
+    assert invert(np.arange(3), 2**40 + 3, 7).tolist() == [
+        556844564515, 718827057540, 1011962142454,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [1, EXACT_MAX - 1, (1 << 20) + 1, 10**12])
+@pytest.mark.parametrize("fn", [permute, invert])
+def test_out_in_place_and_in_several_chunks(n: int, fn: Any) -> None:
+    count = 2 * CHUNK + 5  # several passes through the work buffers, the last one short
+    positions = np.random.default_rng(n).integers(0, n, size=count)
+    expected = fn(positions, n, 99)
+    work = positions.copy()
+    assert fn(work, n, 99, out=work) is work
+    assert np.array_equal(work, expected)
+    # An `out` overlapping the positions at an offset reads them first.
+    shifted = np.concatenate([positions, [0]])
+    assert np.array_equal(fn(shifted[:-1], n, 99, out=shifted[1:]), expected)
+    with pytest.raises(ValueError, match="out"):
+        fn(positions, n, 99, out=np.empty(count, dtype=np.int32))
+
+
+def test_concurrent_calls_never_share_work_buffers() -> None:
+    n, key = 10**9, 5
+    chunks = [np.arange(i * CHUNK, (i + 1) * CHUNK) for i in range(8)]
+    expected = [permute(c, n, key) for c in chunks]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda c: permute(c, n, key), chunks * 3))
+    assert all(np.array_equal(r, e) for r, e in zip(results, expected * 3, strict=True))

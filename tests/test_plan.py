@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -217,6 +219,39 @@ def test_dropped_row_varies_between_epochs_when_shuffling() -> None:
     plan = Plan(n_rows=11, batch_size=5, shard=af.Shard(2, 1), seed=0)  # range of 6 rows, 5 used
     missing = {tuple(set(range(5, 11)) - set(_epoch(plan, e).tolist())) for e in range(20)}
     assert len(missing) > 1
+
+
+@given(plans)
+@settings(max_examples=100, deadline=None)
+def test_indices_into_a_reused_buffer(args: tuple) -> None:  # type: ignore[type-arg]
+    workers = _make(*args)
+    if workers is None:
+        return
+    plan = workers[-1]
+    for first, stop in ((0, plan.steps), (plan.steps // 2, plan.steps)):
+        out = np.full(plan.index_count(first, stop), -1, dtype=np.int64)
+        assert plan.indices(4, first, stop, out=out) is out
+        assert np.array_equal(out, plan.indices(4, first, stop))
+
+
+@pytest.mark.parametrize("shuffle", ["none", "full", "block"])
+def test_indices_of_a_large_group_into_a_buffer(shuffle: str) -> None:
+    # Many more rows than the pieces the positions and the permutation are computed in.
+    mode: Any = shuffle
+    plan = Plan(n_rows=1_000_003, batch_size=256, shuffle=mode, seed=4, block_rows=1000)
+    out = np.empty(plan.index_count(10, 600), dtype=np.int64)
+    plan.indices(2, 10, 600, out=out)
+    expected = np.concatenate([plan.indices(2, s) for s in range(10, 600)])
+    assert np.array_equal(out, expected)
+    with pytest.raises(ValueError, match="out"):
+        plan.indices(2, 10, 600, out=out[1:])
+
+
+def test_indices_are_pinned() -> None:
+    # From the release before indices were computed in place: a seed keeps its epochs.
+    assert Plan(n_rows=1000, batch_size=4, seed=3).indices(2, 5).tolist() == [96, 143, 354, 893]
+    big = Plan(n_rows=1_000_000, batch_size=4, seed=3)
+    assert big.indices(2, 5).tolist() == [327055, 453161, 669390, 830286]
 
 
 def test_huge_n_index_arithmetic() -> None:

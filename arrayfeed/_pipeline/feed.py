@@ -53,6 +53,8 @@ MAX_GROUP_STEPS = 1024
 #: batch when a call takes this long), and N threads map N of them at once.
 GROUP_MAP_SECONDS = 0.005
 
+_INDEX = np.dtype(np.int64)
+
 
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity: a Slurm task or a container may get
@@ -136,8 +138,9 @@ class Feed:
     def _new_pool(self) -> BufferPool:
         # Buffers in use at once: groups read ahead, groups TensorFlow still holds (its prefetch
         # buffer and the batch being consumed), and map_batch inputs; per leaf read or yielded.
+        # Plus the index buffer of each group being read.
         leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
-        return BufferPool(capacity=2 * (self.num_threads + 5) * leaves)
+        return BufferPool(capacity=2 * (self.num_threads + 5) * leaves + self.num_threads + 1)
 
     def _new_procmap(self) -> ProcessMap | None:
         # The workers go with the feed (its dataset or Batches); the finalizer holds them, not it.
@@ -282,7 +285,11 @@ class Feed:
         plan = self.plan
         rows = plan.batch_rows(first)
         lead = (stop - first, rows) if self.stacked else (rows,)
-        indices = plan.indices(epoch, first, stop)
+        # The indices go into a recycled buffer too: a group's are ~1 MiB, and a fresh array that
+        # size is a new mmap (page-faulted on first touch) once TensorFlow has lowered glibc's
+        # mmap threshold, which a `from_generator` iterator does for the whole process.
+        count = plan.index_count(first, stop)
+        indices = plan.indices(epoch, first, stop, out=self.pool.empty((count,), _INDEX))
         if self._procmap is not None:
             outs = self._procmap.map_group(
                 readers or self.sources, indices, lead, self.pool, self.check_result

@@ -64,6 +64,7 @@ WINDOW_BYTES = 32 << 20
 MIN_BLOCK_BYTES = 4 << 20
 
 ShuffleMode = Literal["none", "full", "block"]
+_MODES: dict[str, ShuffleMode] = {"none": "none", "full": "full", "block": "block"}
 
 
 def shuffle_mode(shuffle: object) -> ShuffleMode:
@@ -77,8 +78,8 @@ def shuffle_mode(shuffle: object) -> ShuffleMode:
     """
     if isinstance(shuffle, (bool, np.bool_)):
         return "full" if shuffle else "none"
-    if shuffle in ("full", "none", "block"):
-        return shuffle  # type: ignore[return-value]
+    if isinstance(shuffle, str) and shuffle in _MODES:
+        return _MODES[shuffle]
     raise ConfigError(
         f"`shuffle` must be True (or 'full'), False (or 'none') or 'block' (got {shuffle!r})."
     )
@@ -170,27 +171,51 @@ class Plan:
         self._check_step(step)
         return min(self.batch_size, self.rows_per_epoch - step * self.batch_size)
 
+    def index_count(self, start_step: int, stop_step: int) -> int:
+        """Number of row indices of steps ``[start_step, stop_step)``: the length of
+        :meth:`indices` (and of the ``out`` it takes)."""
+        return min(stop_step * self.batch_size, self.rows_per_epoch) - start_step * self.batch_size
+
     def indices(
-        self, epoch: int, start_step: int, stop_step: int | None = None
+        self,
+        epoch: int,
+        start_step: int,
+        stop_step: int | None = None,
+        out: npt.NDArray[np.int64] | None = None,
     ) -> npt.NDArray[np.int64]:
-        """Row indices of steps ``[start_step, stop_step)`` of ``epoch``, concatenated, as int64."""
+        """Row indices of steps ``[start_step, stop_step)`` of ``epoch``, concatenated, as int64.
+
+        ``out``: a C-contiguous int64 array of :meth:`index_count` elements to compute them in
+        (returned); by default a new array. A reader that reuses one computes a group's indices
+        without allocating (see :mod:`.permutation` for why that matters beside TensorFlow).
+        """
         stop_step = start_step + 1 if stop_step is None else stop_step
         self._check_step(start_step)
         if not start_step < stop_step <= self.steps:
             raise ValueError(
                 f"steps must satisfy {start_step} < stop_step <= {self.steps} (got {stop_step})."
             )
-        first = start_step * self.batch_size
-        last = min(stop_step * self.batch_size, self.rows_per_epoch)
-        positions = np.arange(first, last, dtype=np.int64)
+        count = self.index_count(start_step, stop_step)
+        if out is None:
+            rows = np.empty(count, dtype=np.int64)
+        elif out.shape != (count,) or out.dtype != np.int64 or not out.flags.c_contiguous:
+            raise ValueError(
+                f"`out` must be a C-contiguous int64 array of shape ({count},) "
+                f"(got {out.dtype} {out.shape})."
+            )
+        else:
+            rows = out
         start, stop = self.bounds
+        first = start_step * self.batch_size
         if self.shuffle == "none":
-            return positions + start
+            _arange_into(rows, first + start)
+            return rows
+        _arange_into(rows, first)  # the epoch positions, mapped to rows in place
         if self.shuffle == "full":
             key = derive_key(self.seed, epoch, self.shard.index, self.shard.count)
-            rows = permute(positions, stop - start, key) + start
+            np.add(permute(rows, stop - start, key, out=rows), start, out=rows)
         else:
-            rows = self.block_order(epoch).rows(positions)
+            self.block_order(epoch).rows(rows, out=rows)
         # Storage order within each batch: the permutation decides which rows form a batch; the
         # order inside a batch carries no randomness a loss can use, and sorted reads are
         # sequential (one copy, and up to 4x faster for large rows).
@@ -280,13 +305,17 @@ class BlockOrder:
         shift = self.rows_before_slot(slots) - self.rows_before_slot(window * self.width) - lo
         return window, shift
 
-    def rows(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Row indices of ``positions`` of this epoch (fastest for an ascending range)."""
+    def rows(
+        self, positions: npt.NDArray[np.int64], out: npt.NDArray[np.int64] | None = None
+    ) -> npt.NDArray[np.int64]:
+        """Row indices of ``positions`` of this epoch (fastest for an ascending range), in
+        ``out`` (returned; it may be ``positions`` itself) or a new array."""
+        if out is None:
+            out = np.empty_like(positions)
         if not len(positions):
-            return positions
+            return out
         if len(positions) > 1 and not (positions[1:] >= positions[:-1]).all():
             order = np.argsort(positions, kind="stable")
-            out = np.empty_like(positions)
             out[order] = self.rows(positions[order])
             return out
         # Windows in which the first and last positions fall, and the first row of each window
@@ -300,18 +329,32 @@ class BlockOrder:
         window_ids = np.arange(first_w, first_w + spanned + 1, dtype=np.int64)
         starts = self.rows_before_slot(window_ids * self.width)
         cuts = np.searchsorted(positions, starts).tolist()
-        out = np.empty_like(positions)
         for i in range(len(starts) - 1):
             a, b = cuts[i], cuts[i + 1]
             if a == b:
                 continue
             w, first_row = first_w + i, int(starts[i])
             window_rows = int(starts[i + 1]) - first_row
-            q = permute(positions[a:b] - first_row, window_rows, derive_key(self.window_key, w))
+            # Positions in the window, then their permuted places, in place in `out` (a slice
+            # is read before it is written, so `out` may be `positions`).
+            q = np.subtract(positions[a:b], first_row, out=out[a:b])
+            permute(q, window_rows, derive_key(self.window_key, w), out=q)
             lo, hi = self.window_blocks(w)
             ends = np.cumsum(hi - lo)
-            out[a:b] = (lo - ends + (hi - lo))[np.searchsorted(ends, q, side="right")] + q
+            q += (lo - ends + (hi - lo))[np.searchsorted(ends, q, side="right")]
         return out
+
+
+#: 0, 1, 2 … for filling index arrays a piece at a time (np.arange has no `out`).
+_RAMP = np.arange(1 << 14, dtype=np.int64)
+_RAMP.setflags(write=False)
+
+
+def _arange_into(out: npt.NDArray[np.int64], first: int) -> None:
+    """``out[:] = range(first, first + len(out))`` without a temporary the size of ``out``."""
+    for i in range(0, len(out), len(_RAMP)):
+        piece = out[i : i + len(_RAMP)]
+        np.add(_RAMP[: len(piece)], first + i, out=piece)
 
 
 def check_position(
