@@ -297,3 +297,17 @@ def test_an_opened_array_of_a_matrix_is_refused_as_rows(tmp_path: Path, matrix: 
     with pytest.raises(af.StructureError, match=r"`indices` array of the sparse matrix 'X'"):
         af.convert({"x": group["X/indices"]}, tmp_path / "o.h5", progress=False)
     assert not (tmp_path / "o.h5").exists()
+
+
+@pytest.mark.parametrize("output", ["o.h5", "o.zarr"])
+def test_a_store_without_a_key_names_matrices_whole(tmp_path: Path, output: str) -> None:
+    """Without a key: a store's only matrix opens; otherwise the error names it, not its
+    arrays."""
+    m = random_csr(50, 9, 0.2, seed=5)
+    alone, both = tmp_path / f"alone-{output}", tmp_path / output
+    af.convert({"x": m}, alone, progress=False)
+    af.convert({"x": m, "y": np.arange(50)}, both, progress=False)
+    source = af.open_array(alone)
+    assert isinstance(source, SparseRows) and source.shape == (50, 9)
+    with pytest.raises(af.SourceNotFoundError, match=r"\['x', 'y'\]"):
+        af.open_array(both)

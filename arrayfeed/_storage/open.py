@@ -149,6 +149,12 @@ def open_array(
         return npy.NpySource(p)
     if suffix == ".npz":
         return npy.open_npz(p, key)
+    if key is None and field is None and (p.is_dir() or hdf5.is_hdf5(p)):
+        if p.is_dir():  # an AnnData file raises here, naming its elements
+            anndata.open_zarr_element(p, None, strict)
+        else:
+            anndata.open_h5_element(p, None)
+        key = _whole_matrix_key(p)
     if p.is_dir():
         return anndata.open_zarr_element(p, key, strict) or zarr.open_zarr(p, key, strict)
     if suffix in hdf5.SUFFIXES or hdf5.is_hdf5(p):
@@ -156,6 +162,25 @@ def open_array(
         return encoded or hdf5.open_hdf5(p, key, field, decode_cf=decode_cf)
     raise SourceNotFoundError(
         f"'{p}' is not a .npy, .npz, HDF5 file or Zarr store; convert it with `arrayfeed convert`."
+    )
+
+
+def _whole_matrix_key(path: Path) -> str | None:
+    """The key to open in a file or store that holds sparse matrices when none is given: its
+    one array or matrix (a matrix counts once, not as its three arrays). Raises, naming them,
+    when there are several; None when it holds no sparse matrix (the format modules decide)."""
+    matrices = [e for e in anndata.elements(path) if e.kind.endswith("_matrix")]
+    if not matrices:
+        return None
+    parts = {part for e in matrices for part in e.parts}
+    names = sorted(
+        {n for n in array_keys(path) or [] if n not in parts} | {e.name for e in matrices}
+    )
+    if len(names) == 1:
+        return names[0]
+    raise SourceNotFoundError(
+        f"'{path}' holds {len(names)} arrays and sparse matrices and no `key` names one: "
+        f"{names}. Name one: `open_array('{path}', KEY)`, or '{path}:KEY' as a path."
     )
 
 
