@@ -22,7 +22,6 @@ from arrayfeed._cli import main
 from arrayfeed._storage import GatherInto, Source, SparseRows, chunked_rows, open_for_copy
 from arrayfeed._storage.sparse import (
     GATHER_CHUNK_BYTES,
-    CSRSource,
     plan_spans,
     ragged_arange,
     repeats,
@@ -124,7 +123,10 @@ class TestH5adCSRContiguous(CSRTests):
 
 
 class TestZarrCSR(CSRTests):
+    """Small chunks that are not compressed (a CRC-32C alone): batches are gathered."""
+
     gathers = True
+    compressors: ClassVar[Any] = [zarr.codecs.Crc32cCodec()]
 
     def write(self, parts: tuple[np.ndarray, ...], shape: tuple[int, int], tmp: Path) -> Source:
         root = zarr.open_group(str(tmp / "data.zarr"), mode="w", zarr_format=3)
@@ -133,31 +135,36 @@ class TestZarrCSR(CSRTests):
             {"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": list(shape)}
         )
         for name, array in zip(("data", "indices", "indptr"), parts, strict=True):
-            group.create_array(name, data=array, chunks=(50,))
+            group.create_array(name, data=array, chunks=(50,), compressors=self.compressors)
         return af.open_array(tmp / "data.zarr", "layers/counts")
 
 
 class TestZarrCSRReadByChunks(TestZarrCSR):
-    """The class :func:`csr_source` picks for large chunks: reads cost whole chunks, and
-    ``shuffle="block"`` reads chunk-aligned windows."""
+    """Compressed chunks (zarr's default, zstd), however small: reads cost whole chunks, and
+    ``shuffle="block"`` reads chunk-aligned windows (the class :func:`csr_source` also picks for
+    large chunks)."""
 
     gathers = False
-
-    def write(self, parts: tuple[np.ndarray, ...], shape: tuple[int, int], tmp: Path) -> Source:
-        source = super().write(parts, shape, tmp)
-        assert isinstance(source, CSRSource)
-        return CSRSource(source.data, source.indices, source.indptr, shape, name=source.name)
+    compressors = "auto"
 
     def test_block_mode_reads_windows(self, open_source: Any) -> None:
         source = open_source(self.data())
         assert chunked_rows(source) == round(50 / (source.nnz / len(source)))
 
 
-def test_large_chunks_are_read_whole(tmp_path: Path) -> None:
+def test_large_or_compressed_chunks_are_read_whole(tmp_path: Path) -> None:
     matrix = random_csr(2000, 400, 0.1)
     assert matrix.nnz * 4 > GATHER_CHUNK_BYTES
-    for chunks, gathers in (((4096,), True), ((matrix.nnz,), False)):
-        path = _h5_csr(tmp_path / f"{chunks[0]}.h5", *_parts(matrix), matrix.shape, chunks=chunks)
+    for chunks, compression, gathers in (
+        ((4096,), None, True),
+        ((matrix.nnz,), None, False),
+        ((4096,), "gzip", False),
+        ((4096,), "lzf", False),
+    ):
+        name = f"{chunks[0]}-{compression}.h5"
+        path = _h5_csr(
+            tmp_path / name, *_parts(matrix), matrix.shape, chunks=chunks, compression=compression
+        )
         source = af.open_array(path, "X")
         assert isinstance(source, GatherInto) == gathers
         assert (chunked_rows(source) is None) == gathers
@@ -356,13 +363,20 @@ def _h5_csr(
     indptr: Any,
     shape: tuple[int, int],
     chunks: tuple[int, ...] | None = None,
+    compression: str | None = None,
 ) -> Path:
     with h5py.File(path, "w") as f:
         group = f.create_group("X")
         group.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0"})
         group.attrs["shape"] = np.asarray(shape)
         for name, array in zip(("data", "indices", "indptr"), (data, indices, indptr), strict=True):
-            group.create_dataset(name, data=array, chunks=chunks and min(chunks, array.shape))
+            group.create_dataset(
+                name,
+                data=array,
+                chunks=chunks and min(chunks, array.shape),
+                compression=compression,
+                fletcher32=chunks is not None,  # a checksum alone does not make chunks encoded
+            )
     return path
 
 

@@ -1,7 +1,7 @@
 """The storage layer: every file format arrayfeed reads or writes, behind one set of functions.
 
 - :mod:`.base`: the capability protocols (``Source``, ``GatherInto``, ``ReadRangeInto``,
-  ``RunReader``, ``Chunked``, ``Verifiable``, ``Closeable``, ``SparseRows``, ``Categorical``,
+  ``RunReader``, ``Chunked``, ``Encoded``, ``Verifiable``, ``Closeable``, ``SparseRows``, ``Categorical``,
   ``Writer``) and layout facts;
 - one module per format, holding its sources, writer, integrity checks and layout facts:
   :mod:`.npy` (``.npy``/``.npz``), :mod:`.hdf5`, :mod:`.zarr` (with :mod:`.zarrchunks`);
@@ -24,6 +24,7 @@ from .base import (
     Categorical,
     Chunked,
     Closeable,
+    Encoded,
     GatherInto,
     Prefetch,
     ReadPiecesInto,
@@ -72,6 +73,7 @@ __all__ = [
     "Closeable",
     "ConversionRecord",
     "DestinationState",
+    "Encoded",
     "Format",
     "GatherInto",
     "Prefetch",

@@ -12,7 +12,8 @@ with ``isinstance`` and falls back from:
 - :class:`ReadPiecesInto`: split such a read into independent pieces (the chunks it touches)
   that several threads read at once;
 - :class:`RunReader`: return a run of rows, a view where the backend allows (conversion);
-- :class:`Chunked`: reads cost whole chunks of ``chunk_rows`` rows (``shuffle="block"``);
+- :class:`Chunked`: reads cost whole chunks of ``chunk_rows`` rows (``shuffle="block"``), and
+  :class:`Encoded`: whether each chunk is decoded (compressed) to be read;
 - :class:`Verifiable`: ``verify()`` raises if the stored data changed since opening;
 - :class:`Closeable`: ``close()`` releases the files a source opened itself;
 - :class:`Prefetch`: start fetching ranges of rows before they are read (object storage);
@@ -41,6 +42,7 @@ __all__ = [
     "Categorical",
     "Chunked",
     "Closeable",
+    "Encoded",
     "GatherInto",
     "Indices",
     "Prefetch",
@@ -134,6 +136,16 @@ class Chunked(Protocol):
 
     @property
     def chunk_rows(self) -> int | None: ...
+
+
+@runtime_checkable
+class Encoded(Protocol):
+    """Optional capability of a :class:`Chunked` source: ``encoded`` is True when each chunk is
+    decoded to be read (compressed or filtered; a checksum alone does not count), so a read of a
+    few rows costs a whole decode per chunk it touches."""
+
+    @property
+    def encoded(self) -> bool: ...
 
 
 @runtime_checkable

@@ -257,6 +257,13 @@ class H5Source:
         return (min(int(chunks[0]), len(self)) or None) if chunks else None
 
     @property
+    def encoded(self) -> bool:
+        """Whether chunks pass through a filter other than the fletcher32 checksum."""
+        plist = self.dataset.id.get_create_plist()
+        codes = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+        return any(code != h5py.h5z.FILTER_FLETCHER32 for code in codes)
+
+    @property
     def chunks(self) -> tuple[int, ...] | None:
         """The chunk shape, or None for a contiguous dataset."""
         chunks = self.dataset.chunks

@@ -155,6 +155,15 @@ class ZarrSource:
         return min(int((shards or self.array.chunks)[0]), len(self)) or None
 
     @property
+    def encoded(self) -> bool:
+        """Whether chunks pass through a filter or a compressor other than a CRC-32C."""
+        codecs = [*self.array.filters, *self.array.compressors]
+        return any(
+            type(c).__name__ != "Crc32cCodec" and getattr(c, "codec_id", None) != "crc32c"
+            for c in codecs
+        )
+
+    @property
     def chunks(self) -> tuple[int, ...]:
         """The chunk shape (the inner chunks of a sharded array)."""
         return tuple(int(c) for c in self.array.chunks)
