@@ -430,8 +430,9 @@ def csr_source(
 ) -> CSRSource:
     """The fastest :class:`CSRSource` for these components: one that gathers each batch's rows
     (:class:`CSRGatherSource`) when ``data`` and ``indices`` are in memory, memory-mapped, or
-    stored in chunks of at most :data:`GATHER_CHUNK_BYTES`; else one whose reads cost whole
-    chunks (``shuffle="block"`` then reads chunk-aligned windows through the window cache).
+    stored uncompressed in chunks of at most :data:`GATHER_CHUNK_BYTES`; else one whose reads
+    cost whole chunks (``shuffle="block"`` then reads chunk-aligned windows through the window
+    cache).
 
     Measured (``benchmarks/bench_sparse.py``, 20,000 x 2,000 at 2 %, 2 cores): an ``.h5ad``
     with h5py's 25 KB chunks streamed 2.0x (full shuffle) and 1.3x (block) faster gathered;
