@@ -36,7 +36,14 @@ from .base import ArrayLayout, Indices, Source, StoreInfo, run_bounds
 from .fingerprint import Fingerprint
 from .record import MARKER, ConversionRecord, marker_state, parse_record
 from .remote import RemotePath, remote_error, sync_filesystem
-from .zarrchunks import ChunkReader, corrupt_chunk_error, missing_chunk_error, unwrap_store
+from .zarrchunks import (
+    ChunkReader,
+    codec_label,
+    corrupt_chunk_error,
+    describe_codecs,
+    missing_chunk_error,
+    unwrap_store,
+)
 
 __all__ = [
     "StrictStore",
@@ -157,10 +164,8 @@ class ZarrSource:
     @property
     def encoded(self) -> bool:
         """Whether chunks pass through a filter or a compressor other than a CRC-32C."""
-        codecs = [*self.array.filters, *self.array.compressors]
         return any(
-            type(c).__name__ != "Crc32cCodec" and getattr(c, "codec_id", None) != "crc32c"
-            for c in codecs
+            codec_label(c) != "crc32c" for c in (*self.array.filters, *self.array.compressors)
         )
 
     @property
@@ -453,22 +458,6 @@ def describe(path: Path | RemotePath) -> StoreInfo:
     return StoreInfo(
         format=fmt, arrays=tuple(layouts), specs=specs, record=record, convert_suffix=".zarr"
     )
-
-
-def describe_codecs(array: Any) -> str:
-    names = []
-    for codec in array.compressors:
-        label = (
-            getattr(codec, "codec_id", None) or type(codec).__name__.removesuffix("Codec").lower()
-        )
-        detail = [
-            str(getattr(codec, attr))
-            for attr in ("cname", "clevel", "level")
-            if hasattr(codec, attr)
-        ]
-        detail = [d.rsplit(".", 1)[-1] for d in detail]
-        names.append(f"{label}({','.join(detail)})" if detail else str(label))
-    return "+".join(names) or "none"
 
 
 def array_names(path: str | os.PathLike[str] | RemotePath) -> list[str] | None:

@@ -35,9 +35,37 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 from .._errors import CorruptDataError
 from .remote import Fetcher, sync_filesystem
 
-__all__ = ["ChunkReader", "corrupt_chunk_error", "missing_chunk_error", "unwrap_store"]
+__all__ = [
+    "ChunkReader",
+    "codec_label",
+    "corrupt_chunk_error",
+    "describe_codecs",
+    "missing_chunk_error",
+    "unwrap_store",
+]
 
 Decoder = Callable[[bytes], Any]
+
+
+def codec_label(codec: Any) -> str:
+    """A codec's name: ``"zstd"``, ``"blosc"``, ``"crc32c"`` … (Zarr v3 codecs or numcodecs)."""
+    label = getattr(codec, "codec_id", None) or type(codec).__name__.removesuffix("Codec").lower()
+    return str(label)
+
+
+def describe_codecs(array: Any) -> str:
+    """The compressors of a Zarr array, as ``inspect`` shows them (``"blosc(lz4,5)+crc32c"``)."""
+    names = []
+    for codec in array.compressors:
+        detail = [
+            str(getattr(codec, attr))
+            for attr in ("cname", "clevel", "level")
+            if hasattr(codec, attr)
+        ]
+        detail = [d.rsplit(".", 1)[-1] for d in detail]
+        label = codec_label(codec)
+        names.append(f"{label}({','.join(detail)})" if detail else label)
+    return "+".join(names) or "none"
 
 
 def unwrap_store(store: Store) -> Store:
