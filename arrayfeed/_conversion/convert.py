@@ -34,11 +34,11 @@ from .._errors import (
 from .._storage import ConversionRecord, Format, RemotePath, is_store_dir, is_url
 from .._validate import flag, optional_integer, seed
 from .atomic import Workspace, clean_stale, deferred_interrupts, fsync_dir, fsync_tree, publish
-from .copy import Copy, Distributor
+from .copy import Copy
 from .inputs import InputLike, Parts, open_input
 from .layout import format_bytes, normalize_compression
 from .ondask import DaskCopy, check_dask_conversion
-from .tourl import check_url_destination, staging_workspace, write_to_url
+from .tourl import check_url_destination, staging_workspace, url_writing, write_to_url
 from .verify import verify_copy
 
 __all__ = ["convert"]
@@ -225,21 +225,26 @@ def convert(
             if distribute is not None:
                 _check_sparse_on_dask(parts[name], options.densify)
         _check_lengths(parts)
-        if remote is None:
-            record = _run(options, parts, workspace, distribute)
-        else:
-            record = write_to_url(
-                remote,
-                options.format,
-                parts,
-                workspace,
-                chunk_rows=options.chunk_rows,
-                compression=options.compression,
-                seed=Copy.draw_seed(options.seed) if options.shuffle else None,
-                progress=options.progress,
-                distribute=distribute,
-                densify=options.densify,
-            )
+        total = next(iter(parts.values())).n_rows * sum(p.row_bytes for p in parts.values())
+
+        def writing() -> contextlib.AbstractContextManager[None]:
+            if remote is not None:
+                return url_writing(remote)
+            return _writing(options.output, total)
+
+        copy = Copy(
+            options.format,
+            parts,
+            workspace,
+            chunk_rows=options.chunk_rows,
+            compression=options.compression,
+            seed=Copy.draw_seed(options.seed) if options.shuffle else None,
+            progress=options.progress,
+            writing=writing,
+            distribute=distribute,
+            densify=options.densify,
+        )
+        record = _run(options, copy) if remote is None else write_to_url(remote, copy)
         succeeded = True
         return record
     finally:
@@ -250,37 +255,15 @@ def convert(
             distribute.close()
 
 
-def _run(
-    options: _Options,
-    parts: dict[str, Parts],
-    workspace: Workspace,
-    distribute: Distributor | None = None,
-) -> ConversionRecord:
+def _run(options: _Options, copy: Copy) -> ConversionRecord:
     """Copy, verify and publish, once the inputs are open and consistent."""
-    total = next(iter(parts.values())).n_rows * sum(p.row_bytes for p in parts.values())
-
-    def writing() -> contextlib.AbstractContextManager[None]:
-        return _writing(options.output, total)
-
-    copy = Copy(
-        options.format,
-        parts,
-        workspace,
-        chunk_rows=options.chunk_rows,
-        compression=options.compression,
-        seed=Copy.draw_seed(options.seed) if options.shuffle else None,
-        progress=options.progress,
-        writing=writing,
-        distribute=distribute,
-        densify=options.densify,
-    )
-    target = workspace.member("out.h5" if options.format == "hdf5" else "out.zarr")
+    target = copy.workspace.member("out.h5" if options.format == "hdf5" else "out.zarr")
     with deferred_interrupts() as interrupts:
         if copy.seed is not None:
             copy.stage(interrupts)
         record = copy.write(target, interrupts)
         verify_copy(copy, target, record, options.output, interrupts)
-        with writing():
+        with copy.writing():
             fsync_tree(target)
             interrupts.shield()
             publish(target, options.output, overwrite=options.overwrite)

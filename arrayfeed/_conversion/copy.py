@@ -49,7 +49,7 @@ from .._storage import (
 from .._version import __version__
 from .atomic import Interrupts, Workspace
 from .inputs import Parts, read_run
-from .layout import CHUNK_TARGET_BYTES, SLAB_BYTES, choose_chunk_rows, slab_rows
+from .layout import CHUNK_TARGET_BYTES, choose_chunk_rows, element_runs, slab_rows
 from .progress import Progress
 
 __all__ = ["TEST_HOOK_ENV", "Checksums", "Copy", "write_rows"]
@@ -243,10 +243,8 @@ class Copy:
                     continue
                 file = path.with_name(f"{path.stem}-{i}-{j}.bin")
                 dtype = np.dtype(part.dtype)
-                step = max(1, SLAB_BYTES // dtype.itemsize)
                 with self.writing(), open(file, "wb") as f:
-                    for a in range(0, len(part), step):
-                        b = min(a + step, len(part))
+                    for a, b in element_runs(len(part), dtype.itemsize):
                         f.write(np.ascontiguousarray(read_run(part, a, b), dtype=dtype).data)
                         bar.update((b - a) * dtype.itemsize)
                         interrupts.checkpoint()
@@ -314,15 +312,20 @@ class Copy:
     @property
     def array_names(self) -> list[str]:
         """Every array written: one per dense name, three per sparse matrix."""
-        return [
-            array
-            for name in self.parts
-            for array in (
-                [f"{name}/{part}" for part in self.sparse[name].arrays()]
-                if name in self.sparse
-                else [name]
-            )
-        ]
+        return list(self.stored_arrays)
+
+    @property
+    def stored_arrays(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+        """Every array written, with its shape and dtype: one per dense name, and a sparse
+        matrix's ``NAME/data``, ``NAME/indices`` and ``NAME/indptr``."""
+        arrays: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
+        for name, p in self.parts.items():
+            if name not in self.sparse:
+                arrays[name] = (p.shape, p.dtype)
+                continue
+            for part, (length, dtype, _) in self.sparse[name].arrays().items():
+                arrays[f"{name}/{part}"] = ((length,), dtype)
+        return arrays
 
     def _order(self, a: int, b: int) -> np.ndarray | None:
         """The input rows of output rows ``a:b`` (None: the same rows, in order)."""

@@ -44,6 +44,7 @@ __all__ = [
     "TINY_CHUNK_BYTES",
     "assess",
     "choose_chunk_rows",
+    "element_runs",
     "format_bytes",
     "normalize_compression",
     "slab_rows",
@@ -91,6 +92,17 @@ def slab_rows(
     """
     chunks = max(1, target_bytes // max(1, chunk_rows * row_bytes))
     return max(1, min(chunks * chunk_rows, n_rows))
+
+
+def element_runs(length: int, itemsize: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` runs of about :data:`SLAB_BYTES` covering a 1-D array of ``length``
+    elements (the arrays of a sparse matrix, which have no rows to slab by).
+
+    >>> element_runs(10, SLAB_BYTES // 4)
+    [(0, 4), (4, 8), (8, 10)]
+    """
+    step = max(1, SLAB_BYTES // itemsize)
+    return [(a, min(a + step, length)) for a in range(0, length, step)]
 
 
 def normalize_compression(value: str | None) -> str:

@@ -32,11 +32,10 @@ from .._storage import (
     written_by_arrayfeed,
 )
 from .atomic import Workspace, deferred_interrupts
-from .copy import Copy, Distributor
-from .inputs import Parts
+from .copy import Copy
 from .verify import verify_copy
 
-__all__ = ["check_url_destination", "staging_workspace", "write_to_url"]
+__all__ = ["check_url_destination", "staging_workspace", "url_writing", "write_to_url"]
 
 
 def check_url_destination(output: RemotePath, fmt: Format, overwrite: bool) -> None:
@@ -66,7 +65,7 @@ def staging_workspace(output: RemotePath) -> Workspace:
 
 
 @contextlib.contextmanager
-def _writing(output: RemotePath) -> Iterator[None]:
+def url_writing(output: RemotePath) -> Iterator[None]:
     """Name a failed write to object storage (credentials, access, missing bucket …)."""
     try:
         yield
@@ -76,33 +75,9 @@ def _writing(output: RemotePath) -> Iterator[None]:
         raise remote_error(exc, output.url, writing=True) from exc
 
 
-def write_to_url(
-    output: RemotePath,
-    fmt: Format,
-    parts: dict[str, Parts],
-    workspace: Workspace,
-    *,
-    chunk_rows: int | None,
-    compression: str,
-    seed: int | None,
-    progress: bool | None,
-    distribute: Distributor | None = None,
-    densify: bool = False,
-) -> ConversionRecord:
-    """Copy ``parts`` into a new Zarr store at ``output``, verify it, then mark it complete
-    (``distribute``, ``densify``: see :class:`~.copy.Copy`)."""
-    copy = Copy(
-        fmt,
-        parts,
-        workspace,
-        chunk_rows=chunk_rows,
-        compression=compression,
-        seed=seed,
-        progress=progress,
-        writing=lambda: _writing(output),
-        distribute=distribute,
-        densify=densify,
-    )
+def write_to_url(output: RemotePath, copy: Copy) -> ConversionRecord:
+    """Run ``copy`` (a Zarr copy whose writes go through :func:`url_writing`) into a new store
+    at ``output``, verify it, then mark it complete."""
     finished = False
     try:
         with deferred_interrupts() as interrupts:
@@ -111,7 +86,7 @@ def write_to_url(
             record = copy.write(output, interrupts, finish=False)
             verify_copy(copy, output, record, output, interrupts, check_record=False)
             interrupts.shield()
-            with _writing(output):
+            with url_writing(output):
                 mark_complete(output, record)  # the last write
                 stored = written_by_arrayfeed(output.url, storage_options=output.storage_options)
             if stored != record:

@@ -27,6 +27,7 @@ from .._storage import (
     SPARSE_COMPONENTS,
     ConversionRecord,
     RemotePath,
+    Source,
     SparseRows,
     is_url,
     open_array,
@@ -37,7 +38,7 @@ from .._storage import (
 from .atomic import Interrupts
 from .copy import Checksums, Copy
 from .inputs import read_run
-from .layout import SLAB_BYTES, format_bytes, slab_rows
+from .layout import SLAB_BYTES, element_runs, format_bytes, slab_rows
 from .progress import Progress
 
 __all__ = ["VerifyReport", "verify", "verify_copy"]
@@ -142,9 +143,7 @@ def verify(
             for name, source in sources.items():  # the arrays of sparse matrices
                 if name in dense:
                     continue
-                part_step = max(1, SLAB_BYTES // source.dtype.itemsize)
-                for a in range(0, lengths[name], part_step):
-                    b = min(a + part_step, lengths[name])
+                for a, b in element_runs(lengths[name], source.dtype.itemsize):
                     checksums.add(name, read_run(source, a, b))
                     bar.update((b - a) * source.dtype.itemsize)
             found = checksums.result()
@@ -166,13 +165,12 @@ def verify(
     )
 
 
-def _check_sparse(p: Path | str, name: str, source: Any, record: ConversionRecord) -> None:
+def _check_sparse(p: Path | str, name: str, source: Source, record: ConversionRecord) -> None:
     """Raise unless ``source`` (``name`` opened again) is the sparse matrix the record names."""
     n_cols, nnz = record.sparse[name]
     if (
         not isinstance(source, SparseRows)
-        or tuple(source.components[2].shape) != (record.rows + 1,)
-        or tuple(getattr(source, "shape", ())) != (record.rows, n_cols)
+        or tuple(source.shape) != (record.rows, n_cols)
         or source.nnz != nnz
     ):
         raise CorruptDataError(
@@ -201,12 +199,7 @@ def verify_copy(
             f"'{output}'. Check the disk and convert again."
         )
 
-    expected = {
-        name: (p.shape, p.dtype) for name, p in copy.parts.items() if name not in copy.sparse
-    }
-    for name, layout in copy.sparse.items():
-        for part, (length, dtype, _) in layout.arrays().items():
-            expected[f"{name}/{part}"] = ((length,), dtype)
+    expected = copy.stored_arrays
     with (
         Progress(copy.total_bytes, label="verifying", enabled=copy.progress) as bar,
         open_written(copy.fmt, target, copy.array_names, list(copy.sparse)) as stored,
@@ -244,21 +237,19 @@ def _checksums(
 ) -> dict[str, int]:
     running = Checksums(copy.array_names)
     dense = [name for name in copy.parts if name not in copy.sparse]
+    dense_row_bytes = sum(copy.parts[name].row_bytes for name in dense)
     try:
         for a, b in copy.slabs():
             for name in dense:
                 running.add(name, np.asarray(arrays[name][a:b]))
-            bar.update((b - a) * sum(copy.parts[name].row_bytes for name in dense))
+            bar.update((b - a) * dense_row_bytes)
             interrupts.checkpoint()
-        for name in copy.array_names:  # the arrays of sparse matrices, each at its own length
+        for name, ((length, *_), dtype) in copy.stored_arrays.items():
             if name in dense:
-                continue
-            array = arrays[name]
-            step = max(1, SLAB_BYTES // np.dtype(array.dtype).itemsize)
-            for a in range(0, int(array.shape[0]), step):
-                values = np.asarray(array[a : a + step])
-                running.add(name, values)
-                bar.update(values.nbytes)
+                continue  # the arrays of sparse matrices, each at its own length
+            for a, b in element_runs(length, dtype.itemsize):
+                running.add(name, np.asarray(arrays[name][a:b]))
+                bar.update((b - a) * dtype.itemsize)
                 interrupts.checkpoint()
         return running.result()
     finally:
