@@ -155,10 +155,9 @@ class Copy:
         self.distribute = distribute
         self.compression, self.progress = compression, progress
         self.n_rows = next(iter(parts.values())).n_rows
-        #: Names of the sparse matrices copied as CSR (the others are written dense).
-        self.csr_names = [] if densify else [n for n, p in parts.items() if p.sparse]
+        csr_names = [] if densify else [n for n, p in parts.items() if p.sparse]
         self.row_bytes = sum(
-            _csr_row_bytes(p) if name in self.csr_names else p.row_bytes
+            _csr_row_bytes(p) if name in csr_names else p.row_bytes
             for name, p in parts.items()
         )
         layout_rows = chunk_rows or choose_chunk_rows(
@@ -167,9 +166,10 @@ class Copy:
         layout_rows = min(layout_rows, self.n_rows)
         contiguous = fmt == "hdf5" and compression == "none" and not chunk_rows
         self.chunk_rows: int | None = None if contiguous else layout_rows
+        #: The sparse matrices copied as CSR, and how (the others are written dense).
         self.sparse = {
             name: _csr_layout(parts[name], self.chunk_rows, CHUNK_TARGET_BYTES[fmt])
-            for name in self.csr_names
+            for name in csr_names
         }
         self._indptr: dict[str, np.ndarray] = {}  # planned in :meth:`write`
         self.slab = slab_rows(layout_rows, self.row_bytes, self.n_rows)
