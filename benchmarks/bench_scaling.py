@@ -7,7 +7,8 @@ reader threads (1, 2, 4, ... up to the core count, and the default) at three lev
 
 - ``feed``: the reading engine alone, no TensorFlow (runs where TensorFlow is absent);
 - ``tfdata``: through ``arrayfeed.from_arrays``, when TensorFlow is installed;
-- ``fit``: Keras 3 ``fit`` with ``KERAS_BACKEND=jax`` of a small CNN on L rows against its peers
+- ``fit``: Keras 3 ``fit`` with ``KERAS_BACKEND=jax`` of a small CNN on L rows, fed by
+  ``from_arrays`` (tf.data) and by ``af.batches`` (NumPy batches, no tf.data), against its peers
   (``PyDataset``, Grain, NumPy arrays in RAM, one batch repeated), only when JAX sees a GPU.
 
 Batch 256, ``drop_remainder``, a full shuffle (``shuffle="block"`` for chunked storage), data
@@ -708,18 +709,19 @@ def fit_level(
         while True:
             yield xb, yb
 
-    def feed_batches(num_threads: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        feed = feed_for(
-            str(data.path("npy_x")), str(data.path("npy_y")), BATCH, True, SEED, num_threads
+    def numpy_batches(num_threads: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``af.batches`` over the epochs: NumPy batches straight to Keras, no tf.data."""
+        stream = af.batches(
+            str(data.path("npy_x")),
+            str(data.path("npy_y")),
+            batch_size=BATCH,
+            seed=SEED,
+            shard=None,
+            drop_remainder=True,
+            num_threads=num_threads,
         )
-        epoch = 0
         while True:
-            for group in feed.epoch(epoch):
-                if feed.stacked:
-                    yield from zip(group[0], group[1], strict=True)
-                else:
-                    yield group
-            epoch += 1
+            yield from stream
 
     # name -> what fit gets at each call: (positional, keyword) arguments
     FitArgs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -742,9 +744,9 @@ def fit_level(
                 num_threads=t,
             )
             peers[f"arrayfeed from_arrays ({threads_name})"] = always(ds, shuffle=False)
-        else:  # no TensorFlow: the feed's batches through a Python generator
-            generator = feed_batches(t)
-            peers[f"arrayfeed feed generator ({threads_name})"] = always(generator, **by_steps)
+        # The same stream as NumPy batches: what a JAX or torch backend can take without tf.data.
+        generator = numpy_batches(t)
+        peers[f"arrayfeed batches ({threads_name})"] = always(generator, **by_steps)
     peers[f"PyDataset ({threads} threads)"] = always(MemmapBatches(), shuffle=False)
     if importlib.util.find_spec("grain") is not None:
         try:
@@ -1027,8 +1029,15 @@ def targets(cases: list[Case], cores: int) -> list[Target]:
     if fit:
         backend = next(c.info["backend"] for c in cases if c.level == "fit")
         keras_on = "Keras-" + {"jax": "JAX", "tensorflow": "TF"}.get(backend, backend)
+        # from_arrays when TensorFlow is there (the tf.data path), else batches
         ours = next(
-            (v["-"] for k, v in fit.items() if k.startswith("arrayfeed") and "default" in k), None
+            (
+                v["-"]
+                for prefix in ("arrayfeed from_arrays", "arrayfeed batches")
+                for k, v in fit.items()
+                if k.startswith(prefix) and "default" in k
+            ),
+            None,
         )
         floor = fit.get("one batch repeated (floor)", {}).get("-")
         peers = [
