@@ -178,7 +178,17 @@ def test_default_threads_follow_the_cpu_affinity(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert feed_module.default_num_threads() == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
-    assert feed_module.default_num_threads() == 8
+    assert feed_module.default_num_threads() == feed_module.READ_THREADS == 4
+    assert feed_module.default_num_threads(mapped=True) == feed_module.MAP_THREADS == 8
+
+
+def test_default_threads_are_more_when_map_batch_runs_in_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    assert _feed().num_threads == 4
+    assert _feed(map_batch=lambda b: b).num_threads == 8
+    assert _feed(map_batch=lambda b: b, num_threads=3).num_threads == 3
 
 
 def test_a_slow_map_batch_is_mapped_batch_by_batch_on_every_thread(

@@ -73,8 +73,8 @@ def batches(
             structure) returning a structure of arrays with the same batch size; the batches are
             what it returns. It runs in reader threads, possibly concurrently (or see
             ``map_processes``).
-        num_threads: Reader threads (default: one per core, at most 8; with ``map_processes=N``,
-            at least 2N + 1).
+        num_threads: Reader threads (default: one per core, at most 4, or at most 8 when
+            ``map_batch`` runs in them; with ``map_processes=N``, at least 2N + 1).
         start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
             after it.
         start_step: Step (batch) of ``start_epoch`` where the first iteration starts, in

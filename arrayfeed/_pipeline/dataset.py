@@ -82,8 +82,8 @@ def from_arrays(
             structure) returning a structure of arrays with the same batch size; the dataset's
             elements are what it returns. It runs in reader threads, possibly concurrently (or see
             ``map_processes``).
-        num_threads: Reader threads (default: one per core, at most 8; with ``map_processes=N``,
-            at least 2N + 1).
+        num_threads: Reader threads (default: one per core, at most 4, or at most 8 when
+            ``map_batch`` runs in them; with ``map_processes=N``, at least 2N + 1).
         start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
             after it. With the same ``seed``, the stream is exactly the one an uninterrupted run
             produces from that point on.

@@ -65,9 +65,21 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def default_num_threads() -> int:
-    """Reader threads when none are given: one per usable core, between 1 and 8."""
-    return max(1, min(8, usable_cores()))
+#: Most reader threads by default when they only read. Measured on a 16-core GPU host
+#: (benchmarks/results/gpu-host-16-cores, README "Threads (16 cores)"): reads peak at 2-8 threads
+#: and fall beyond, because every hand-off between threads costs more there than on few cores;
+#: over 18 storage x row-size cases, 4 threads reached 0.83x the best thread count of each case
+#: (geometric mean) and 8 threads 0.73x. 2 cores: 2 threads, as before.
+READ_THREADS = 4
+#: Most reader threads by default when ``map_batch`` runs in them: the mapping is the user's own
+#: work per batch, often far more than the read, and spreads over more cores.
+MAP_THREADS = 8
+
+
+def default_num_threads(mapped: bool = False) -> int:
+    """Reader threads when none are given: one per usable core, at most :data:`READ_THREADS`
+    (:data:`MAP_THREADS` when ``mapped``: a ``map_batch`` runs in the threads)."""
+    return max(1, min(MAP_THREADS if mapped else READ_THREADS, usable_cores()))
 
 
 @dataclass(frozen=True)
@@ -104,7 +116,10 @@ class Feed:
         self.plan = plan
         self.map_batch = map_batch
         self.map_processes = map_processes if map_batch is not None else 0
-        self.num_threads = max(num_threads or default_num_threads(), 2 * self.map_processes + 1)
+        self.num_threads = max(
+            num_threads or default_num_threads(mapped=map_batch is not None and not map_processes),
+            2 * self.map_processes + 1,
+        )
         self._lock = threading.Lock()
         self._next = (start_epoch, start_step)
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
