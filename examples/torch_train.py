@@ -8,7 +8,8 @@ copied to the GPU asynchronously. ``arrayfeed.batches`` reads ahead in its own t
 
     python examples/torch_train.py [--rows 20000] [--epochs 3] [--workdir DIR]
 
-Under ``torchrun``, give each process its shard: ``shard=af.Shard(world_size, rank)``.
+Under ``torchrun``, each process reads its own shard: the default ``shard="auto"`` reads the
+``RANK`` / ``WORLD_SIZE`` it sets.
 """
 
 from __future__ import annotations

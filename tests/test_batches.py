@@ -16,6 +16,8 @@ import pytest
 import tensorflow as tf
 
 import arrayfeed as af
+from arrayfeed._pipeline.plan import shard_bounds
+from arrayfeed._pipeline.shard import ENV_VARIABLES
 
 from .conftest import subprocess_env
 
@@ -355,3 +357,49 @@ def test_batches_never_import_tensorflow(tmp_path: Path) -> None:
         "keras_loaded": False,
         "attempted": [],
     }
+
+
+_RANK_SCRIPT = """
+import json, sys
+import numpy as np
+import arrayfeed as af
+
+b = af.batches(sys.argv[1], batch_size=10, seed=3)  # shard="auto"
+print(json.dumps([row for epoch in range(2) for xb in b for row in xb[:, 0].tolist()]))
+"""
+
+
+@pytest.mark.slow
+def test_processes_under_torchrun_read_disjoint_shards(tmp_path: Path) -> None:
+    """Four processes with the variables torchrun sets (two per node, each node a task that
+    `srun` started) each read their own contiguous shard, by default: nothing read twice."""
+    n, world = 203, 4
+    np.save(tmp_path / "x.npy", np.repeat(np.arange(n, dtype=np.int64)[:, None], 3, axis=1))
+    base = {k: v for k, v in subprocess_env().items() if k not in ENV_VARIABLES}
+    procs = []
+    for rank in range(world):
+        env = dict(base, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % 2))
+        env.update(LOCAL_WORLD_SIZE="2", SLURM_PROCID=str(rank // 2), SLURM_NTASKS="2")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(_RANK_SCRIPT), str(tmp_path / "x.npy")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    seen = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-4000:]
+        seen.append(json.loads(out.strip().splitlines()[-1]))
+    per_worker = n // world
+    for rank, rows in enumerate(seen):
+        epochs = [rows[:per_worker], rows[per_worker:]]
+        for got in epochs:  # each epoch: this worker's own range (less one leftover row), shuffled
+            assert len(got) == per_worker == len(set(got))
+            assert set(got) <= set(range(*shard_bounds(n, af.Shard(world, rank))))
+        assert epochs[0] != epochs[1]  # reshuffled
+    firsts = [set(rows[:per_worker]) for rows in seen]
+    assert all(a.isdisjoint(b) for i, a in enumerate(firsts) for b in firsts[i + 1 :])

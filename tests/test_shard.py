@@ -104,6 +104,23 @@ VALID: list[tuple[str, dict[str, str], Shard]] = [
         },
         Shard(2, 1),
     ),
+    ("torchrun", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}, Shard(8, 3)),
+    (
+        "torchrun started by srun, one task per node: the process's rank wins",
+        {
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "2",
+            "RANK": "5",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "1",
+        },
+        Shard(8, 5),
+    ),
+    (
+        "TF_CONFIG and torchrun agree",
+        {"TF_CONFIG": tf_config(WORKERS_3, "worker", 2), "RANK": "2", "WORLD_SIZE": "3"},
+        Shard(3, 2),
+    ),
     (
         "TF_CONFIG and Slurm agree",
         {"TF_CONFIG": tf_config(CHIEF_2W, "worker", 1), "SLURM_PROCID": "2", "SLURM_NTASKS": "3"},
@@ -228,6 +245,17 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ("Open MPI half", {"OMPI_COMM_WORLD_SIZE": "2"}, ["but `OMPI_COMM_WORLD_RANK` is not"]),
     ("PMI half", {"PMI_RANK": "1"}, ["but `PMI_SIZE` is not"]),
     ("Horovod half", {"HOROVOD_RANK": "1"}, ["but `HOROVOD_SIZE` is not"]),
+    ("torchrun half", {"WORLD_SIZE": "4"}, ["torchrun", "`WORLD_SIZE` is set", "`RANK` is not"]),
+    (
+        "torchrun rank out of range",
+        {"RANK": "4", "WORLD_SIZE": "4"},
+        ["RANK='4', WORLD_SIZE='4'", "`RANK` must be in [0, 4)"],
+    ),
+    (
+        "TF_CONFIG and torchrun disagree",
+        {"TF_CONFIG": tf_config(WORKERS_3, "worker", 1), "RANK": "0", "WORLD_SIZE": "3"},
+        ["TF_CONFIG task worker:1 -> worker 1 of 3", "RANK='0', WORLD_SIZE='3' -> worker 0 of 3"],
+    ),
     (
         "rank not an integer",
         {"SLURM_PROCID": "one", "SLURM_NTASKS": "4"},

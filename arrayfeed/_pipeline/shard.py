@@ -15,7 +15,7 @@ from typing import Any
 from .._errors import ConfigError
 from .._validate import integer
 
-__all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "Shard"]
+__all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "TORCH_RANK_PAIR", "Shard"]
 
 #: ``(launcher, rank variable, size variable)`` that :meth:`Shard.from_env` reads, and TF_CONFIG.
 ENV_RANK_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -25,10 +25,17 @@ ENV_RANK_PAIRS: tuple[tuple[str, str, str], ...] = (
     ("Horovod", "HOROVOD_RANK", "HOROVOD_SIZE"),
 )
 
+#: ``(launcher, rank variable, size variable)`` of one *process* of a PyTorch distributed job:
+#: ``torchrun`` sets them (so do Accelerate, Lightning and DeepSpeed launchers), and
+#: ``torch.distributed`` takes the process's rank from them. A job step that starts ``torchrun``
+#: (``srun`` with one task per node, say) has one Slurm task per node but several processes per
+#: task, so when this pair is set it names the worker and the launcher pairs above are not read.
+TORCH_RANK_PAIR: tuple[str, str, str] = ("torchrun (torch.distributed)", "RANK", "WORLD_SIZE")
+
 #: Every environment variable :meth:`Shard.from_env` reads.
 ENV_VARIABLES: tuple[str, ...] = (
     "TF_CONFIG",
-    *(name for _, rank, size in ENV_RANK_PAIRS for name in (rank, size)),
+    *(name for _, rank, size in (*ENV_RANK_PAIRS, TORCH_RANK_PAIR) for name in (rank, size)),
 )
 
 _FIX = "pass `shard=arrayfeed.Shard(count, index)` (or `shard=None`) to from_arrays explicitly"
@@ -76,9 +83,14 @@ class Shard:
           not the processes running.
         - MPI / Horovod: ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE`` (Open MPI),
           ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI), ``HOROVOD_RANK`` / ``HOROVOD_SIZE``.
+        - PyTorch: ``RANK`` / ``WORLD_SIZE``, as ``torchrun`` sets them for each process. They
+          describe the process itself, so when they are set the Slurm, MPI and Horovod variables
+          are not read: ``srun`` starting one ``torchrun`` per node sets ``SLURM_PROCID`` to the
+          node's task, while each of its processes is a worker of its own.
 
         Nothing set: ``Shard(1, 0)``. Several sources set: they must name the same shard (``srun``
-        with PMI sets both ``SLURM_*`` and ``PMI_*``, for example).
+        with PMI sets both ``SLURM_*`` and ``PMI_*``, for example; ``TF_CONFIG`` and
+        ``RANK`` / ``WORLD_SIZE`` likewise).
 
         Args:
             environ: The variables to read; ``os.environ`` when None.
@@ -98,10 +110,14 @@ class Shard:
         tf_config = _from_tf_config(env)
         if tf_config is not None:
             found.append(tf_config)
-        for launcher, rank_var, size_var in ENV_RANK_PAIRS:
-            pair = _from_rank_pair(env, launcher, rank_var, size_var)
-            if pair is not None:
-                found.append(pair)
+        torch = _from_rank_pair(env, *TORCH_RANK_PAIR)
+        if torch is not None:
+            found.append(torch)
+        else:
+            for launcher, rank_var, size_var in ENV_RANK_PAIRS:
+                pair = _from_rank_pair(env, launcher, rank_var, size_var)
+                if pair is not None:
+                    found.append(pair)
         if not found:
             return cls(1, 0)
         shards = {shard for _, shard in found}
