@@ -116,6 +116,50 @@ def test_reading_ahead_reads_every_block_once_per_epoch(
         assert len(src.reads) == len(set(src.reads)) == -(-n // 64)
 
 
+class Fetching(CountingChunked):
+    """Storage that fetches ahead (object storage): records the blocks it is told of."""
+
+    def __init__(self, array: np.ndarray, chunk_rows: int) -> None:
+        super().__init__(array, chunk_rows)
+        self.fetches: list[int] = []
+
+    def prefetch(self, starts: list[int], stops: list[int]) -> None:
+        with self._lock:
+            self.fetches.extend(starts)
+
+
+@pytest.mark.parametrize("prefetching", [False, True])
+def test_one_thread_serves_a_window_before_reading_the_next(
+    prefetching: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one reader thread, the groups of a window come before the next window is read: its
+    read-ahead would only hold them back (on 16 cores, one thread delivered 2 groups in 3 s)."""
+    # blocks of one chunk, windows of three blocks, groups of two batches
+    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.WINDOW_BYTES", 3 * 64 * 8)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * 8 * 8)
+    n = 64 * 12
+    src = (Fetching if prefetching else CountingChunked)(np.arange(n), 64)
+    b = af.batches(src, batch_size=8, shuffle="block", seed=3, num_threads=1, shard=None)
+    order = b._feed.plan.block_order(0)
+    window_of = {
+        int(lo): w for w in range(order.windows) for lo in order.window_blocks(w)[0].tolist()
+    }
+    needs, read, fetched = [], [], []  # per batch: its rows' windows; windows read, fetched
+    for batch in b:
+        needs.append({window_of[int(row) // 64 * 64] for row in batch})
+        read.append({window_of[lo] for lo, _ in src.reads})
+        fetched.append({window_of[lo] for lo in getattr(src, "fetches", [])})
+    assert len(needs) == n // 8 and len(src.reads) == 12
+    ahead = 5  # the rest of this group and the two groups read ahead
+    for i, done in enumerate(read):
+        allowed = set().union(*needs[: i + 1 + ahead])
+        assert done <= allowed, f"batch {i}: windows {sorted(done - allowed)} read ahead"
+    if prefetching:  # object storage is still told of the next window early, to fetch it
+        assert any(f - set().union(*needs[: i + 1 + ahead]) for i, f in enumerate(fetched))
+        assert fetched[-1] == set(range(order.windows))
+
+
 def test_threads_share_a_window_and_wait_for_blocks_in_flight() -> None:
     second_read = threading.Event()
     calls = []

@@ -367,6 +367,35 @@ def test_keras_fit_with_sample_weight() -> None:
     assert np.isfinite(history.history["loss"]).all()
 
 
+def _stages(ds: tf.data.Dataset) -> list[str]:
+    """The dataset's transformations, outermost first (``_PrefetchDataset`` -> ``Prefetch``)."""
+    names = []
+    while ds is not None:
+        names.append(type(ds).__name__.strip("_").removesuffix("Dataset"))
+        ds = getattr(ds, "_input_dataset", None)
+    return names
+
+
+@pytest.mark.parametrize(
+    "row_shape, dtype, batch, after_split",
+    [
+        ((32,), np.float32, 256, False),  # 32 KiB batches: one hand-off per group only
+        ((64, 64, 3), np.uint8, 256, True),  # 3 MiB batches: prefetched after the split too
+    ],
+)
+def test_groups_are_prefetched_before_the_split(
+    row_shape: tuple[int, ...], dtype: type, batch: int, after_split: bool
+) -> None:
+    x = np.zeros((batch * 12, *row_shape), dtype)
+    ds = af.from_arrays(x, batch_size=batch, shard=None, drop_remainder=True)
+    stages = _stages(ds)
+    split = stages.index("Unbatch")
+    assert "Prefetch" in stages[split + 1 :]  # the groups
+    assert ("Prefetch" in stages[:split]) is after_split
+    got = np.concatenate([b.numpy() for b in ds])
+    assert got.shape == (batch * 12, *row_shape)
+
+
 def test_autotuning_is_off_and_can_be_turned_back_on() -> None:
     ds = af.from_arrays(np.arange(20.0), batch_size=5, seed=0, shard=None)
     assert ds.options().autotune.enabled is False

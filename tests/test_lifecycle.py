@@ -126,9 +126,13 @@ LEAK_COUNTS: dict[str, tuple[int, int, int, int]] = {}
 
 @pytest.mark.slow
 def test_abandoned_iterators_leak_no_threads_files_or_memory(
-    three_backends: dict[str, Any],
+    three_backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Groups of 4 batches: a whole epoch in one group would be read, and its readers gone, by the
+    # time the first batch arrives (groups are prefetched).
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 * 8 * (5 * 16 * 4 + 8))
     ds = af.from_arrays(three_backends, np.arange(2000), batch_size=8, seed=0, num_threads=2)
+    assert feeds_of(ds)[0].group_steps == 4
     for _ in range(5):  # warm up: TensorFlow's and h5py's one-off allocations, files opened once
         it = iter(ds)
         next(it)

@@ -144,19 +144,23 @@ class WindowCache:
                 raise RuntimeError(f"rows {indices[lo:hi]} are not all in window {w}")
             np.take(buffers[w], rows, axis=0, out=out[lo:hi], mode="clip")  # unbuffered
 
-    def prefetch_window(self, window: int) -> None:
-        """Read the blocks of ``window`` nobody reads yet (ahead of the groups that need it)."""
-        if 0 <= window < self.order.windows:
+    def prefetch_window(self, window: int, read: bool = True) -> None:
+        """Read the blocks of ``window`` nobody reads yet (ahead of the groups that need it); with
+        ``read=False`` only start fetching them, for storage that fetches ahead."""
+        if not 0 <= window < self.order.windows:
+            return
+        if read:
             self._window(window)
+        elif isinstance(self.source, Prefetch):
+            with self._lock:
+                if window not in self._windows:
+                    self._add(window)
 
     def _window(self, w: int) -> np.ndarray:
         with self._lock:
             window = self._windows.get(w)
             if window is None:
-                window = self._new_window(w)
-                self._windows[w] = window
-                while len(self._windows) > self.capacity:
-                    del self._windows[min(self._windows)]
+                window = self._add(w)
         while True:
             while (i := self._claim(window)) is not None:
                 self._load(window, i)
@@ -165,6 +169,14 @@ class WindowCache:
             if all(load is not None and _succeeded(load) for load in loads):
                 return window.buffer
             # A block is unclaimed again (another thread's read failed): go back and read it.
+
+    def _add(self, w: int) -> _Window:
+        """Create window ``w`` in the cache (under the lock), evicting the oldest beyond capacity."""
+        window = self._new_window(w)
+        self._windows[w] = window
+        while len(self._windows) > self.capacity:
+            del self._windows[min(self._windows)]
+        return window
 
     def _new_window(self, w: int) -> _Window:
         lo, hi = self.order.window_blocks(w)

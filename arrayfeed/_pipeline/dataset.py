@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeAlias
 
+import numpy as np
 import tensorflow as tf
 
 from .build import build_feed
@@ -207,8 +208,16 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
     )
     ds = tf.data.Dataset.from_generator(_WeakFeed(feed), output_signature=signature)
     if feed.stacked:
-        ds = ds.unbatch()
-    ds = ds.prefetch(2)
+        # Groups are prefetched, and split where they are consumed: a prefetch hands every element
+        # to another thread, and one hand-off per batch of small rows cost more than the batch
+        # (S rows through a plain loop, 2 cores: 0.72x the tf.data floor prefetching batches,
+        # 0.85x prefetching groups). Large batches are prefetched after the split too, so that
+        # copying each out of its group overlaps with the consumer.
+        ds = ds.prefetch(1).unbatch()
+        if _batch_bytes(feed) >= PREFETCH_BATCH_BYTES:
+            ds = ds.prefetch(2)
+    else:
+        ds = ds.prefetch(2)
     if first_pass_short:
         ds = _up_to(ds, plan.steps)
     else:
@@ -221,6 +230,18 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
     if sharded_by_us:
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return ds.with_options(options)
+
+
+#: Batches of at least this many bytes are prefetched one by one after a group is split.
+PREFETCH_BATCH_BYTES = 1 << 20
+
+
+def _batch_bytes(feed: Feed) -> int:
+    """Bytes of one full batch of ``feed``'s dense leaves."""
+    per_row = sum(
+        int(np.prod(spec.row_shape, dtype=np.int64)) * spec.dtype.itemsize for spec in feed.specs
+    )
+    return per_row * feed.plan.batch_size
 
 
 def _up_to(ds: tf.data.Dataset, steps: int) -> tf.data.Dataset:

@@ -283,8 +283,12 @@ class Feed:
                         ahead = caches[0].order.window_at(last) + 1
                         if ahead not in warmed:
                             warmed.add(ahead)
+                            # One thread reads groups and windows in turn: decoding the next
+                            # window here would only hold back the groups of this one, so it is
+                            # only announced (object storage starts fetching it).
+                            read = self.num_threads > 1
                             for cache in caches:
-                                pool.submit(cache.prefetch_window, ahead)
+                                pool.submit(cache.prefetch_window, ahead, read)
                 yield pending.popleft().result()
         finally:
             for future in pending:
