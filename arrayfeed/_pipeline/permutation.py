@@ -39,10 +39,13 @@ import numpy.typing as npt
 __all__ = ["CHUNK", "EXACT_MAX", "derive_key", "invert", "permute", "splitmix64"]
 
 EXACT_MAX = 1 << 16
-#: Most positions permuted per pass through the work buffers (256 KiB each at most).
+#: Most positions permuted per pass through the work buffers (512 KiB each at most).
 #: Not smaller: every NumPy call of a pass (~80) hands the GIL over and back, and beside a busy
-#: consumer thread 8 Ki-position passes measured ~4 % slower through tf.data.
-CHUNK = 1 << 15
+#: consumer thread 8 Ki-position passes measured ~4 % slower through tf.data; on a 16-core host
+#: hand-offs between threads were the limit (README "Threads (16 cores)"). The indices of an S
+#: group (127 Ki positions) took 615 Python-level calls at 32 Ki and 360 at 64 Ki, in the same
+#: time here (2.3 / 2.2 ms); 128 Ki saved fewer calls for twice the buffers.
+CHUNK = 1 << 16
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -104,7 +107,7 @@ class _Scratch:
 
 #: Work buffers not in use, kept for the next call (reader threads end with every epoch, so
 #: buffers kept per thread would be allocated and faulted in anew each epoch). At most
-#: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (~1 MiB each) are kept.
+#: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (~2 MiB each) are kept.
 _spare: list[_Scratch] = []
 _spare_lock = threading.Lock()
 _MAX_SPARE = 8
