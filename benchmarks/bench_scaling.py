@@ -709,17 +709,18 @@ def fit_level(
         while True:
             yield xb, yb
 
+    # The same stream for from_arrays (tf.data) and batches (NumPy).
+    npy_args = (str(data.path("npy_x")), str(data.path("npy_y")))
+    stream_args: dict[str, Any] = {
+        "batch_size": BATCH,
+        "seed": SEED,
+        "shard": None,
+        "drop_remainder": True,
+    }
+
     def numpy_batches(num_threads: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """``af.batches`` over the epochs: NumPy batches straight to Keras, no tf.data."""
-        stream = af.batches(
-            str(data.path("npy_x")),
-            str(data.path("npy_y")),
-            batch_size=BATCH,
-            seed=SEED,
-            shard=None,
-            drop_remainder=True,
-            num_threads=num_threads,
-        )
+        stream = af.batches(*npy_args, **stream_args, num_threads=num_threads)
         while True:
             yield from stream
 
@@ -734,15 +735,7 @@ def fit_level(
     for t in (None, 1):
         threads_name = "default threads" if t is None else "1 thread"
         if tf is not None:
-            ds = af.from_arrays(
-                str(data.path("npy_x")),
-                str(data.path("npy_y")),
-                batch_size=BATCH,
-                seed=SEED,
-                shard=None,
-                drop_remainder=True,
-                num_threads=t,
-            )
+            ds = af.from_arrays(*npy_args, **stream_args, num_threads=t)
             peers[f"arrayfeed from_arrays ({threads_name})"] = always(ds, shuffle=False)
         # The same stream as NumPy batches: what a JAX or torch backend can take without tf.data.
         generator = numpy_batches(t)
