@@ -24,7 +24,7 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
-from arrayfeed._storage import h5codecs
+from arrayfeed._storage import h5codecs, workbuffers
 from arrayfeed._storage.h5chunks import ChunkFile
 from arrayfeed._storage.h5codecs import Stage, fletcher32, pipeline
 from arrayfeed._storage.hdf5 import H5Source, open_hdf5
@@ -107,6 +107,9 @@ LAYOUTS = {
     "split-last-axes": ((40, 6, 5), (10, 3, 2)),
     "partial-everywhere": ((23, 7, 5), (4, 3, 4)),
     "one-axis": ((101,), (16,)),
+    # chunks of 128 KiB and more, decoded in lent work buffers (workbuffers.MIN_BYTES), with
+    # partial edge chunks along every axis
+    "large-chunks": ((37, 64, 130), (16, 64, 128)),
 }
 
 
@@ -682,3 +685,37 @@ def test_a_range_read_piece_by_piece_equals_h5py(
         for piece in np.random.default_rng(start).permutation(pieces).tolist():
             source.read_piece_into(start, stop, piece, out)  # type: ignore[attr-defined]
         np.testing.assert_array_equal(out.view(np.uint32), data[start:stop].view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["none", "lzf+fletcher32", "shuffle+gzip", "shuffle+lzf"])
+def test_large_chunks_reuse_their_work_buffers(
+    tmp_path: Path, plugins: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of 128 KiB and more are read and decoded into lent buffers, not fresh ones (a fresh
+    one page-faults every byte once TensorFlow has lowered glibc's mmap threshold)."""
+    options, needs_imagecodecs = FILTERS[name]
+    if needs_imagecodecs and not HAVE_IMAGECODECS:
+        pytest.skip("lzf is decoded here only with imagecodecs")
+    fresh = []
+
+    class Counting(workbuffers.WorkBuffers):
+        def take(self, nbytes: int) -> np.ndarray:
+            with self._lock:
+                kept = {id(b) for b in self._free}
+            buffer = super().take(nbytes)
+            fresh.append(id(buffer) not in kept)
+            return buffer
+
+    monkeypatch.setattr(workbuffers, "work", Counting())
+    shape, chunks = LAYOUTS["large-chunks"]
+    path = tmp_path / "a.h5"
+    _write(path, _values("float32", shape), chunks, options(plugins))
+    ref, src = _reference(path), _source(path)
+    passes = []
+    for _ in range(3):
+        out = np.empty_like(ref)
+        src.read_range_into(0, len(ref), out)
+        _assert_same(out, ref)
+        passes.append(sum(fresh))
+    assert passes[0] > 0 and passes == [passes[0]] * 3  # later passes: kept buffers only
+    assert len(fresh) == 3 * 2 * 3 * 2  # (3 row chunks x 2 column chunks) x 2 buffers, 3 passes

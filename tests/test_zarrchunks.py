@@ -21,6 +21,7 @@ from zarr.codecs import (
 )
 
 import arrayfeed as af
+from arrayfeed._storage import workbuffers, zarrchunks
 from arrayfeed._storage.zarr import ZarrSource
 from arrayfeed._storage.zarrchunks import ChunkReader
 
@@ -30,6 +31,8 @@ COMPRESSORS: dict[str, Any] = {
     "blosc": [BloscCodec()],
     "gzip": [GzipCodec()],
     "zstd+crc32c": [ZstdCodec(), Crc32cCodec()],
+    "crc32c": [Crc32cCodec()],  # what `convert` writes without compression
+    "blosc+crc32c": [BloscCodec(cname="lz4"), Crc32cCodec()],  # `convert --compression lzf`
 }
 
 
@@ -122,14 +125,16 @@ def test_a_zarr_source_on_a_local_store_reads_in_the_calling_thread(tmp_path: Pa
     source = ZarrSource(_array(tmp_path / "a.zarr", data, (6, 3)))
     assert source.chunk_reader is not None
     threads = []
-    opened = source.chunk_reader._chunk
+    opened = source.chunk_reader._copy_chunk
 
-    def record(coords: tuple[int, ...]) -> np.ndarray:
+    def record(coords: tuple[int, ...], *args: Any) -> None:
         threads.append(threading.current_thread())
-        return opened(coords)
+        opened(coords, *args)
 
-    source.chunk_reader._chunk = record  # type: ignore[method-assign]
-    np.testing.assert_array_equal(source.read(np.array([0, 7, 19], dtype=np.int64)), data[[0, 7, 19]])
+    source.chunk_reader._copy_chunk = record  # type: ignore[method-assign]
+    np.testing.assert_array_equal(
+        source.read(np.array([0, 7, 19], dtype=np.int64)), data[[0, 7, 19]]
+    )
     assert threads == [threading.current_thread()] * 3
 
 
@@ -282,3 +287,72 @@ def test_a_window_of_few_large_blocks_is_read_piece_by_piece_on_every_thread(
         out = np.empty((len(rows), 8, 6), np.uint8)
         cache.gather_into(rows, out)
         np.testing.assert_array_equal(out, data[rows])
+
+
+class _CountingBuffers(workbuffers.WorkBuffers):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            before = len(self._free)
+        buffer = super().take(nbytes)
+        with self._lock:
+            self.fresh += len(self._free) == before  # nothing was taken from the kept ones
+        return buffer
+
+
+@pytest.mark.parametrize("compressor", ["none", "crc32c", "blosc+crc32c", "zstd", "zstd+crc32c"])
+def test_chunk_reads_reuse_their_work_buffers(
+    tmp_path: Path, compressor: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh chunk-sized buffer per read page-faults every byte once TensorFlow has lowered
+    glibc's mmap threshold: after a first pass, reads take no new buffer."""
+    buffers = _CountingBuffers()
+    monkeypatch.setattr(workbuffers, "work", buffers)
+    # chunks of 128 KiB: smaller ones are allocated per read (workbuffers.MIN_BYTES)
+    data = np.random.default_rng(0).integers(0, 50, (300, 1024), dtype=np.int32)
+    z = _array(tmp_path / "a.zarr", data, (32, 1024), compressors=COMPRESSORS[compressor])
+    reader = ChunkReader.of(z, "a", strict=True)
+    assert reader is not None
+    rows = np.arange(300, dtype=np.int64)
+    np.testing.assert_array_equal(reader.read(rows), data)
+    first = buffers.fresh
+    for _ in range(3):
+        np.testing.assert_array_equal(reader.read(rows), data)
+    assert 0 < first <= 4 and buffers.fresh == first  # raw and decoded; sizes vary at first
+
+
+@pytest.mark.parametrize("compressor", ["blosc+crc32c", "zstd"])
+def test_a_chunk_that_decodes_short_is_refused_never_mixed_with_an_earlier_one(
+    tmp_path: Path, compressor: str
+) -> None:
+    """Chunks decode into reused buffers only when their frame declares exactly a chunk's size:
+    a valid frame of fewer bytes is named as corrupt, not filled up from the chunk before."""
+    data = np.arange(40 * 2048, dtype=np.int64).reshape(40, 2048)  # 160 KiB chunks
+    _array(tmp_path / "a.zarr", data, (10, 2048), compressors=COMPRESSORS[compressor])
+    short = np.arange(5 * 2048, dtype=np.int64).tobytes()
+    codec = numcodecs.Blosc(cname="lz4") if compressor.startswith("blosc") else numcodecs.Zstd()
+    encoded = codec.encode(short)
+    if compressor.endswith("crc32c"):
+        encoded += bytes(numcodecs.CRC32C().encode(encoded))[-4:]  # a valid checksum of it
+    (tmp_path / "a.zarr" / "c" / "1" / "0").write_bytes(encoded)
+    reader = ChunkReader.of(zarr.open_array(tmp_path / "a.zarr", mode="r"), "a", strict=True)
+    assert reader is not None
+    np.testing.assert_array_equal(reader.read(np.arange(10, dtype=np.int64)), data[:10])
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\).*decoded to 81920 bytes"):
+        reader.read(np.arange(10, 20, dtype=np.int64))
+
+
+def test_declared_frame_sizes() -> None:
+    rng = np.random.default_rng(0)
+    for n in [0, 1, 255, 256, 257, 65535, 65791, 65792, 1 << 20, (5 << 20) + 3]:
+        raw = rng.integers(0, 4, n, dtype=np.uint8).tobytes()
+        for level in (0, 1, 9):
+            assert zarrchunks._zstd_nbytes(numcodecs.Zstd(level=level).encode(raw)) == n
+        assert zarrchunks._blosc_nbytes(numcodecs.Blosc().encode(raw)) == n
+    # A frame that declares no size (streamed): descriptor 0, a window byte, then blocks.
+    assert zarrchunks._zstd_nbytes(b"\x28\xb5\x2f\xfd\x00\x48" + bytes(8)) == -1
+    assert zarrchunks._zstd_nbytes(b"not zstd at all") == -1
+    assert zarrchunks._blosc_nbytes(b"short") == -1

@@ -21,6 +21,7 @@ open for writing or through SWMR, and a fill time of "never".
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -35,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import CorruptDataError
+from . import workbuffers
 from .h5codecs import (
     FILTER_NAMES,
     ChecksumError,
@@ -216,30 +218,51 @@ class ChunkFile:
 
     def chunk(self, coords: Coords) -> np.ndarray:
         """The part of chunk ``coords`` inside the dataset, decoded (may be read-only)."""
-        return self._chunk(coords, self._region(coords))
+        with self._chunk(coords, self._region(coords)) as chunk:
+            return chunk.copy()
 
-    def _chunk(self, coords: Coords, region: tuple[slice, ...]) -> np.ndarray:
+    @contextlib.contextmanager
+    def _chunk(self, coords: Coords, region: tuple[slice, ...]) -> Iterator[np.ndarray]:
+        """The part of chunk ``coords`` in ``region``, decoded, while the block runs: it may lie
+        in work buffers (:mod:`.workbuffers`) that are lent to other reads afterwards."""
         inside = tuple(slice(0, r.stop - r.start) for r in region)
         offset = int(self.offsets[coords])
         if offset < 0:  # never written: the fill value, as HDF5 reads it
-            return self._fill_chunk()[inside]
+            yield self._fill_chunk()[inside]
+            return
         size, mask = int(self.sizes[coords]), int(self.masks[coords])
         applied = any(not mask >> i & 1 for i in range(len(self.stages)))
         if applied and size == self.nbytes and self._partial(region):
             # An edge chunk stored at exactly its raw size may have been written unfiltered
             # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
             # let HDF5, which knows, read it.
-            return self._via_hdf5(region)
-        data = self._pread(coords, size, offset)
+            yield self._via_hdf5(region)
+            return
+        lend = self.nbytes >= workbuffers.MIN_BYTES
+        stored = workbuffers.work.take(size) if lend else None
+        decoded = workbuffers.work.take(self.nbytes) if lend else None
         try:
-            raw = decode_chunk(self.stages, data, mask, self.nbytes)
-        except Undecodable:
-            return self._via_hdf5(region)
-        except StageError as exc:
-            raise self._corrupt(coords, exc) from exc.error
-        with self._lock:
-            self.decoded += 1
-        return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)[inside]
+            data: Any
+            if stored is None:
+                data = self._pread(coords, size, offset)
+            else:
+                self._pread(coords, size, offset, into=stored[:size])
+                data = stored.data[:size]  # bytes to the codecs: imagecodecs reads arrays as arrays
+            out = decoded[: self.nbytes] if decoded is not None else None
+            try:
+                raw = decode_chunk(self.stages, data, mask, self.nbytes, out=out)
+            except Undecodable:
+                raw = None
+            except StageError as exc:
+                raise self._corrupt(coords, exc) from exc.error
+            if raw is None:
+                yield self._via_hdf5(region)
+                return
+            with self._lock:
+                self.decoded += 1
+            yield np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)[inside]
+        finally:
+            workbuffers.work.give(stored, decoded)
 
     def _partial(self, region: tuple[slice, ...]) -> bool:
         return any(r.stop - r.start < k for r, k in zip(region, self.chunks, strict=True))
@@ -327,7 +350,8 @@ class ChunkFile:
             local = slice(lo - c * rows, hi - c * rows)
             row_region = self._rows_region(c)
             for rest, region in self._rest:
-                dest[(slice(None), *region)] = self._chunk((c, *rest), (row_region, *region))[local]
+                with self._chunk((c, *rest), (row_region, *region)) as chunk:
+                    dest[(slice(None), *region)] = chunk[local]
 
     def range_pieces(self, start: int, stop: int) -> int:
         """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them."""
@@ -345,8 +369,8 @@ class ChunkFile:
         if direct and hi - lo == rows and self._whole_into(c, dest):
             return
         rest, region = self._rest[piece % per_row]
-        chunk = self._chunk((c, *rest), (self._rows_region(c), *region))
-        dest[(slice(None), *region)] = chunk[lo - c * rows : hi - c * rows]
+        with self._chunk((c, *rest), (self._rows_region(c), *region)) as chunk:
+            dest[(slice(None), *region)] = chunk[lo - c * rows : hi - c * rows]
 
     def read(self, indices: npt.NDArray[np.int64], out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``indices`` (sorted, unique), in ``out`` if given, else in a new array. Every
@@ -368,8 +392,8 @@ class ChunkFile:
             )
             row_region = self._rows_region(c)
             for rest, region in self._rest:
-                chunk = self._chunk((c, *rest), (row_region, *region))
-                out[(slice(a, b), *region)] = chunk[rows]
+                with self._chunk((c, *rest), (row_region, *region)) as chunk:
+                    out[(slice(a, b), *region)] = chunk[rows]
         return out
 
 

@@ -77,6 +77,9 @@ Buffer = bytes | bytearray | memoryview
 #: ``decode(data, size)``: the bytes this stage was given when the chunk was written, which
 #: were ``size`` bytes long (None: unknown, when an earlier stage compressed them).
 Decode = Callable[[Buffer, int | None], Buffer]
+#: ``into(data, out)``: decode ``data`` into ``out``, a buffer of exactly the decoded size, and
+#: return the decoded bytes (a view of ``out``, shorter if ``data`` decodes to fewer bytes).
+DecodeInto = Callable[[Buffer, np.ndarray], Buffer]
 
 
 class Undecodable(Exception):
@@ -96,6 +99,8 @@ class Stage:
     name: str
     decode: Decode
     grows: int | None = None
+    #: Decodes into a given buffer instead of a new one (see :func:`decode_chunk`'s ``out``).
+    into: DecodeInto | None = None
 
 
 #: imagecodecs releases before this one mis-decode some LZ4H5 chunks (its issues #126, #127).
@@ -189,7 +194,7 @@ def _check_fletcher32(data: Buffer, size: int | None) -> Buffer:
 
 
 # -- byte shuffle ------------------------------------------------------------------------------
-def unshuffle(data: Buffer, itemsize: int) -> Buffer:
+def unshuffle(data: Buffer, itemsize: int, out: np.ndarray | None = None) -> Buffer:
     """Undo HDF5's shuffle filter: byte ``j`` of every element was stored together; bytes past
     the last whole element were stored as they are.
 
@@ -200,7 +205,8 @@ def unshuffle(data: Buffer, itemsize: int) -> Buffer:
     if itemsize <= 1 or count <= 1:
         return data
     src = np.frombuffer(data, dtype=np.uint8)
-    out = np.empty(len(src), dtype=np.uint8)
+    if out is None or out.nbytes != len(src):
+        out = np.empty(len(src), dtype=np.uint8)
     whole = count * itemsize
     out[:whole].reshape(count, itemsize)[...] = src[:whole].reshape(itemsize, count).T
     out[whole:] = src[whole:]
@@ -383,8 +389,20 @@ def pipeline(
         # Shuffles keep a chunk's size, fletcher32 appends 4 bytes, the rest compress.
         keeps = code == SHUFFLE or (code == BITSHUFFLE and (len(values) < 5 or values[4] == 0))
         grows = 4 if code == FLETCHER32 else 0 if keeps else None
-        stages.append(Stage(code, name, decode, grows))
+        stages.append(Stage(code, name, decode, grows, _into(code, values)))
     return tuple(stages)
+
+
+def _into(code: int, values: Sequence[int]) -> DecodeInto | None:
+    """The decoder of filter ``code`` that writes into a given buffer, where there is one."""
+    if code == LZF:
+        return lambda data, out: _imagecodecs().lzf_decode(data, out=out)  # type: ignore[no-any-return]
+    if code == LZ4:
+        return lambda data, out: _imagecodecs().lz4h5_decode(data, out=out)  # type: ignore[no-any-return]
+    if code == SHUFFLE and values and values[0] >= 1:
+        itemsize = int(values[0])
+        return lambda data, out: unshuffle(data, itemsize, out)
+    return None
 
 
 class StageError(Exception):
@@ -396,9 +414,13 @@ class StageError(Exception):
         self.stage, self.error = stage, error
 
 
-def decode_chunk(stages: Sequence[Stage], data: Buffer, mask: int, nbytes: int) -> Buffer:
+def decode_chunk(
+    stages: Sequence[Stage], data: Buffer, mask: int, nbytes: int, out: np.ndarray | None = None
+) -> Buffer:
     """Undo ``stages`` on a stored chunk that holds ``nbytes`` bytes of data, last applied
     first; bit ``i`` of ``mask`` set means stage ``i`` was skipped when the chunk was written.
+    ``out``, a buffer of ``nbytes`` that ``data`` does not share, may receive the decoded chunk
+    (from the last stage undone, if it can write into a buffer).
 
     Every stage's output must have the size its input had when the chunk was written, where
     that is known (up to the first compressor, in writing order).
@@ -414,12 +436,16 @@ def decode_chunk(stages: Sequence[Stage], data: Buffer, mask: int, nbytes: int) 
         sizes.append(size)
         if not mask >> i & 1 and size is not None:
             size = None if stage.grows is None else size + stage.grows
+    last = next((i for i in range(len(stages)) if not mask >> i & 1), None)
     for i in reversed(range(len(stages))):
         if mask >> i & 1:
             continue
         stage = stages[i]
         try:
-            data = stage.decode(data, sizes[i])
+            if i == last and out is not None and stage.into is not None and sizes[i] == nbytes:
+                data = stage.into(data, out)
+            else:
+                data = stage.decode(data, sizes[i])
         except Undecodable:
             raise
         except Exception as exc:

@@ -10,6 +10,10 @@ decodes them in the reader thread (``numcodecs`` releases the GIL while it decom
 semantics of Zarr's own reads:
 missing chunks are the fill value, or an error when the store is strict.
 
+Local chunk files are read into reused work buffers (:mod:`.workbuffers` says why), the CRC-32C
+of a chunk is checked where it lies, and Blosc and Zstandard chunks decode into a reused buffer
+when their frame declares exactly a chunk's size.
+
 Arrays on object storage (Zarr's ``FsspecStore``: ``s3://`` …) are read the same way, except
 that chunk objects come from a :class:`~.remote.Fetcher`: every chunk a read touches (a whole
 window of blocks, with :meth:`ChunkReader.prefetch`) is requested at once, many requests in
@@ -33,6 +37,7 @@ from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from .._errors import CorruptDataError
+from . import workbuffers
 from .remote import Fetcher, sync_filesystem
 
 __all__ = [
@@ -44,7 +49,74 @@ __all__ = [
     "unwrap_store",
 ]
 
-Decoder = Callable[[bytes], Any]
+#: ``decode(data, out)``: the decoded bytes of ``data``; ``out`` is None or a free work buffer
+#: of exactly one decoded chunk's size, which the decoder may fill and return.
+Decoder = Callable[[Any, "np.ndarray | None"], Any]
+
+
+def _crc32c_end(data: Any, out: np.ndarray | None) -> np.ndarray:
+    """The bytes of ``data`` before its trailing CRC-32C (Zarr v3's ``crc32c`` codec), checked,
+    as a read-only view: ``numcodecs.CRC32C.decode`` would copy them."""
+    from numcodecs.checksum32 import CRC32C
+
+    view = np.frombuffer(data, dtype=np.uint8)
+    if view.nbytes < 4:
+        raise ValueError(f"{view.nbytes} bytes cannot hold a crc32c checksum")
+    body = view[:-4]
+    body.flags.writeable = False  # the checksum takes read-only buffers
+    stored, computed = int.from_bytes(view[-4:].tobytes(), "little"), CRC32C.checksum(body)
+    if stored != computed:
+        raise RuntimeError(
+            f"Stored and computed crc32c checksum do not match. Stored: {stored}. "
+            f"Computed: {computed}."
+        )
+    return body
+
+
+def _blosc_nbytes(data: Any) -> int:
+    """The decoded size a Blosc frame declares: bytes 4-7 of its 16-byte header (Blosc 1 format;
+    numcodecs has no public call for it)."""
+    view = memoryview(data).cast("B")
+    return int.from_bytes(view[4:8], "little") if view.nbytes >= 16 else -1
+
+
+def _zstd_nbytes(data: Any) -> int:
+    """The decoded size a Zstandard frame declares in its header (RFC 8878, 3.1.1.1), or -1 when
+    it declares none. numcodecs has no call for it."""
+    view = memoryview(data).cast("B")
+    if view.nbytes < 6 or bytes(view[:4]) != b"\x28\xb5\x2f\xfd":
+        return -1
+    descriptor = view[4]
+    fcs_flag, single, dict_flag = descriptor >> 6, descriptor >> 5 & 1, descriptor & 3
+    size = (1 if single else 0) if fcs_flag == 0 else (2, 4, 8)[fcs_flag - 1]
+    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    if size == 0 or view.nbytes < at + size:
+        return -1
+    value = int.from_bytes(view[at : at + size], "little")
+    return value + 256 if size == 2 else value
+
+
+#: Codecs that decode into a given buffer, and the decoded size each frame declares.
+_DECLARED_SIZE: dict[str, Callable[[Any], int]] = {
+    "blosc": lambda data: _blosc_nbytes(data),
+    "zstd": lambda data: _zstd_nbytes(data),
+}
+
+
+class _Stage:
+    """The decoder of a ``numcodecs`` codec (picklable, as readers travel to worker processes).
+    Blosc and Zstandard decode into ``out`` when the frame declares exactly its size, so a short
+    frame cannot leave a previous chunk's bytes in it; anything else gets a new buffer."""
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+        self.kind = getattr(codec, "codec_id", None)
+
+    def __call__(self, data: Any, out: np.ndarray | None) -> Any:
+        declared = _DECLARED_SIZE.get(self.kind) if self.kind is not None else None
+        if out is not None and declared is not None and declared(data) == out.nbytes:
+            return self.codec.decode(data, out=out)
+        return self.codec.decode(data)
 
 
 def codec_label(codec: Any) -> str:
@@ -106,16 +178,13 @@ def _decoder(spec: dict[str, Any]) -> Decoder | None:
 
     name = spec.get("name")
     if name == "zstd":
-        return numcodecs.Zstd().decode  # type: ignore[no-any-return]
+        return _Stage(numcodecs.Zstd())
     if name == "blosc":
-        return numcodecs.Blosc().decode  # type: ignore[no-any-return]
+        return _Stage(numcodecs.Blosc())
     if name == "gzip":
-        return numcodecs.GZip().decode  # type: ignore[no-any-return]
+        return _Stage(numcodecs.GZip())
     if name == "crc32c":
-        try:  # numcodecs >= 0.14; Zarr v3 puts the checksum after the data
-            return numcodecs.CRC32C(location="end").decode  # type: ignore[no-any-return]
-        except (AttributeError, TypeError):
-            return None
+        return _crc32c_end  # Zarr v3 puts the checksum after the data
     return None
 
 
@@ -144,7 +213,7 @@ def _v2_layout(array: zarr.Array[Any]) -> tuple[np.dtype[Any], list[Decoder]] | 
     if meta.filters or meta.order != "C":
         return None
     stored = np.dtype(meta.dtype.to_native_dtype())  # the byte order written in .zarray
-    return stored, [meta.compressor.decode] if meta.compressor is not None else []
+    return stored, [_Stage(meta.compressor)] if meta.compressor is not None else []
 
 
 class ChunkReader:
@@ -257,8 +326,7 @@ class ChunkReader:
                 else local
             )
             for rest, region, inner in self._rest:
-                chunk = self._chunk((c, *rest))
-                out[(slice(a, b), *region)] = chunk[(rows, *inner)]
+                self._copy_chunk((c, *rest), (rows, *inner), out, (slice(a, b), *region))
         return out
 
     def range_pieces(self, start: int, stop: int) -> int:
@@ -275,35 +343,74 @@ class ChunkReader:
         lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
         if self.fetcher is not None:  # the whole range in flight, not just this piece
             self.fetcher.fetch(self._keys(start, stop))
-        chunk = self._chunk((c, *rest))
-        out[(slice(lo - start, hi - start), *region)] = chunk[
-            (slice(lo - c * rows, hi - c * rows), *inner)
-        ]
+        self._copy_chunk(
+            (c, *rest),
+            (slice(lo - c * rows, hi - c * rows), *inner),
+            out,
+            (slice(lo - start, hi - start), *region),
+        )
 
-    def _chunk(self, coords: tuple[int, ...]) -> np.ndarray:
+    def _copy_chunk(
+        self, coords: tuple[int, ...], part: tuple[Any, ...], out: np.ndarray, at: tuple[Any, ...]
+    ) -> None:
+        """``out[at] = chunk[part]`` for the chunk at ``coords``; its work buffers go back
+        after the copy."""
         key = self.key(coords)
         data: Any
+        raw = decoded = None
         if self.fetcher is not None:
             data = self.fetcher.get(key)
         else:
             assert self.root is not None
-            try:
-                with open(os.path.join(self.root, key), "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                data = None
-        if data is None:
-            if self.strict:
-                raise missing_chunk_error(self.name, key)
-            return np.full(self.chunks, self.fill_value, dtype=self.dtype)
+            data, raw = self._read_file(os.path.join(self.root, key))
         try:
-            for decode in self.decoders:
-                data = decode(data)
-            view = memoryview(data).cast("B")
-            if view.nbytes != self._chunk_bytes:
-                raise ValueError(f"decoded to {view.nbytes} bytes, expected {self._chunk_bytes}")
-            return np.frombuffer(view, dtype=self.dtype).reshape(self.chunks)
-        except CorruptDataError:
-            raise
-        except Exception as exc:
-            raise corrupt_chunk_error(self.name, coords, key, exc) from exc
+            if data is None:
+                if self.strict:
+                    raise missing_chunk_error(self.name, key)
+                out[at] = self.fill_value
+                return
+            try:
+                lend = self._chunk_bytes >= workbuffers.MIN_BYTES
+                for decode in self.decoders:
+                    if decoded is None and lend:  # a work buffer of a decoded chunk's size
+                        decoded = workbuffers.work.take(self._chunk_bytes)
+                    data = decode(data, decoded if data is not decoded else None)
+                view = memoryview(data).cast("B")
+                if view.nbytes != self._chunk_bytes:
+                    raise ValueError(
+                        f"decoded to {view.nbytes} bytes, expected {self._chunk_bytes}"
+                    )
+                chunk = np.frombuffer(view, dtype=self.dtype).reshape(self.chunks)
+            except CorruptDataError:
+                raise
+            except Exception as exc:
+                raise corrupt_chunk_error(self.name, coords, key, exc) from exc
+            out[at] = chunk[part]
+        finally:
+            workbuffers.work.give(raw, decoded)
+
+    @staticmethod
+    def _read_file(path: str) -> tuple[memoryview | None, np.ndarray | None]:
+        """The bytes of the file at ``path`` (None if there is none), and the work buffer that
+        holds them."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None, None
+        try:
+            size = os.fstat(fd).st_size
+            if size < workbuffers.MIN_BYTES:
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    return memoryview(f.read()), None
+            # At least one byte more than the file holds: a file that grew is seen.
+            raw = workbuffers.work.take(size + 1)
+            view = raw.data  # the buffer itself, for os.readv
+            got = os.readv(fd, [view])
+            if got <= size:
+                return view[:got], raw
+            workbuffers.work.give(raw)  # it grew while read: read it whole, as it is now
+            os.lseek(fd, 0, os.SEEK_SET)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return memoryview(f.read()), None
+        finally:
+            os.close(fd)
