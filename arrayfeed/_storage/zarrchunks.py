@@ -370,11 +370,18 @@ class ChunkReader:
                 out[at] = self.fill_value
                 return
             try:
-                lend = self._chunk_bytes >= workbuffers.MIN_BYTES
-                for decode in self.decoders:
-                    if decoded is None and lend:  # a work buffer of a decoded chunk's size
-                        decoded = workbuffers.work.take(self._chunk_bytes)
-                    data = decode(data, decoded if data is not decoded else None)
+                # The last decoder, which yields the chunk, may write it into a work buffer of
+                # exactly its size (the one taken can be larger); earlier ones never do, so no
+                # decoder reads from the buffer it writes.
+                target = None
+                final = self.decoders[-1] if self.decoders else None
+                writes_into = isinstance(final, _Stage) and final.kind in _DECLARED_SIZE
+                if writes_into and self._chunk_bytes >= workbuffers.MIN_BYTES:
+                    decoded = workbuffers.work.take(self._chunk_bytes)
+                    target = decoded[: self._chunk_bytes]
+                last = len(self.decoders) - 1
+                for i, decode in enumerate(self.decoders):
+                    data = decode(data, target if i == last else None)
                 view = memoryview(data).cast("B")
                 if view.nbytes != self._chunk_bytes:
                     raise ValueError(
