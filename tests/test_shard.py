@@ -105,6 +105,13 @@ VALID: list[tuple[str, dict[str, str], Shard]] = [
         Shard(2, 1),
     ),
     ("torchrun", {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"}, Shard(8, 3)),
+    ("RANK alone is not torchrun", {"RANK": "2"}, Shard(1, 0)),
+    ("WORLD_SIZE alone is not torchrun", {"WORLD_SIZE": "4"}, Shard(1, 0)),
+    (
+        "RANK alone beside Slurm: Slurm's",
+        {"RANK": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"},
+        Shard(2, 1),
+    ),
     (
         "torchrun started by srun, one task per node: the process's rank wins",
         {
@@ -245,7 +252,6 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ("Open MPI half", {"OMPI_COMM_WORLD_SIZE": "2"}, ["but `OMPI_COMM_WORLD_RANK` is not"]),
     ("PMI half", {"PMI_RANK": "1"}, ["but `PMI_SIZE` is not"]),
     ("Horovod half", {"HOROVOD_RANK": "1"}, ["but `HOROVOD_SIZE` is not"]),
-    ("torchrun half", {"WORLD_SIZE": "4"}, ["torchrun", "`WORLD_SIZE` is set", "`RANK` is not"]),
     (
         "torchrun rank out of range",
         {"RANK": "4", "WORLD_SIZE": "4"},

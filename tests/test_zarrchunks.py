@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -356,3 +357,53 @@ def test_declared_frame_sizes() -> None:
     assert zarrchunks._zstd_nbytes(b"\x28\xb5\x2f\xfd\x00\x48" + bytes(8)) == -1
     assert zarrchunks._zstd_nbytes(b"not zstd at all") == -1
     assert zarrchunks._blosc_nbytes(b"short") == -1
+
+
+def test_the_kept_buffers_follow_the_chunk_sizes_read_now() -> None:
+    """A pool filled by one array's chunk size makes room for another's (oldest out), so a
+    second array read later still reuses its buffers."""
+    pool = workbuffers.WorkBuffers(keep=4)
+    big = [pool.take(640 << 10) for _ in range(4)]
+    pool.give(*big)
+    small = pool.take(160 << 10)
+    assert small.nbytes == 160 << 10  # none of the kept fits: a new one
+    pool.give(small)
+    for _ in range(5):
+        again = pool.take(160 << 10)
+        assert again is small
+        pool.give(again)
+    assert len(pool._free) == 4 and pool._kept == 3 * (640 << 10) + (160 << 10)
+    pool.give(np.empty(pool.max_bytes + 1, np.uint8))  # larger than the whole pool: not kept
+    assert pool._kept == 3 * (640 << 10) + (160 << 10)
+
+
+def test_short_reads_of_a_chunk_file_are_continued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read may return fewer bytes than asked (network file systems, signals): the rest of
+    the file is read, not taken for a cut chunk."""
+    data = np.random.default_rng(0).integers(0, 4, (8, 200_000), dtype=np.int16)  # 3.2 MB chunk
+    z = _array(tmp_path / "a.zarr", data, (8, 200_000), compressors=COMPRESSORS["zstd+crc32c"])
+    preadv = os.preadv
+
+    def at_most_a_mebibyte(fd: int, buffers: list[Any], offset: int) -> int:
+        return preadv(fd, [memoryview(buffers[0])[: 1 << 20]], offset)
+
+    monkeypatch.setattr(os, "preadv", at_most_a_mebibyte)
+    reader = ChunkReader.of(z, "a", strict=True)
+    assert reader is not None
+    np.testing.assert_array_equal(reader.read(np.arange(8, dtype=np.int64)), data)
+
+
+def test_a_cut_blosc_chunk_is_named_as_corrupt(tmp_path: Path) -> None:
+    """Blosc trusts the stored size in its own header, so a cut chunk would decode to garbage
+    (bytes of an earlier chunk, in a reused buffer): the header is checked against the file."""
+    data = np.random.default_rng(1).integers(0, 1000, (20, 40_000), dtype=np.int32)
+    _array(tmp_path / "a.zarr", data, (10, 40_000), compressors=COMPRESSORS["blosc"])
+    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-5000])
+    reader = ChunkReader.of(zarr.open_array(tmp_path / "a.zarr", mode="r"), "a", strict=True)
+    assert reader is not None
+    np.testing.assert_array_equal(reader.read(np.arange(10, dtype=np.int64)), data[:10])
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\).*Blosc frame says"):
+        reader.read(np.arange(10, 20, dtype=np.int64))

@@ -84,9 +84,10 @@ class Shard:
         - MPI / Horovod: ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE`` (Open MPI),
           ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI), ``HOROVOD_RANK`` / ``HOROVOD_SIZE``.
         - PyTorch: ``RANK`` / ``WORLD_SIZE``, as ``torchrun`` sets them for each process. They
-          describe the process itself, so when they are set the Slurm, MPI and Horovod variables
+          describe the process itself, so when both are set the Slurm, MPI and Horovod variables
           are not read: ``srun`` starting one ``torchrun`` per node sets ``SLURM_PROCID`` to the
-          node's task, while each of its processes is a worker of its own.
+          node's task, while each of its processes is a worker of its own. One of the two alone
+          is ignored (``RANK`` is a common name).
 
         Nothing set: ``Shard(1, 0)``. Several sources set: they must name the same shard (``srun``
         with PMI sets both ``SLURM_*`` and ``PMI_*``, for example; ``TF_CONFIG`` and
@@ -110,7 +111,11 @@ class Shard:
         tf_config = _from_tf_config(env)
         if tf_config is not None:
             found.append(tf_config)
-        torch = _from_rank_pair(env, *TORCH_RANK_PAIR)
+        # `RANK` alone is too common a name to mean torchrun: the pair counts only when whole.
+        _, rank_var, size_var = TORCH_RANK_PAIR
+        torch = (
+            _from_rank_pair(env, *TORCH_RANK_PAIR) if rank_var in env and size_var in env else None
+        )
         if torch is not None:
             found.append(torch)
         else:

@@ -238,9 +238,16 @@ class ChunkFile:
             # let HDF5, which knows, read it.
             yield self._via_hdf5(region)
             return
-        lend = self.nbytes >= workbuffers.MIN_BYTES
-        stored = workbuffers.work.take(size) if lend else None
-        decoded = workbuffers.work.take(self.nbytes) if lend else None
+        # Lent: the stored bytes when they are large, and a buffer for the decoded chunk when
+        # the stage that yields it can write into one.
+        first = next((st for i, st in enumerate(self.stages) if not mask >> i & 1), None)
+        into = first is not None and first.into is not None
+        stored = workbuffers.work.take(size) if size >= workbuffers.MIN_BYTES else None
+        decoded = (
+            workbuffers.work.take(self.nbytes)
+            if into and self.nbytes >= workbuffers.MIN_BYTES
+            else None
+        )
         try:
             data: Any
             if stored is None:

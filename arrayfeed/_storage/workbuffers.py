@@ -26,7 +26,7 @@ class WorkBuffers:
     """Byte buffers lent to one chunk read at a time and kept for the next (by all threads: reader
     threads end with every epoch). At most ``keep`` buffers and ``max_bytes`` are kept."""
 
-    def __init__(self, keep: int = 32, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, keep: int = 32, max_bytes: int = 128 << 20) -> None:
         self._free: list[np.ndarray] = []
         self._kept = 0  # bytes in _free
         self._lock = threading.Lock()
@@ -43,11 +43,18 @@ class WorkBuffers:
         return np.empty(nbytes, dtype=np.uint8)
 
     def give(self, *buffers: np.ndarray | None) -> None:
+        """Keep ``buffers`` for the next reads; when that is too many, the oldest kept go (so the
+        buffers follow the chunk sizes being read now, not those read first)."""
         with self._lock:
             for buffer in (b for b in buffers if b is not None):
-                if len(self._free) < self.keep and self._kept + buffer.nbytes <= self.max_bytes:
-                    self._free.append(buffer)
-                    self._kept += buffer.nbytes
+                if buffer.nbytes > self.max_bytes:
+                    continue
+                while self._free and (
+                    len(self._free) >= self.keep or self._kept + buffer.nbytes > self.max_bytes
+                ):
+                    self._kept -= self._free.pop(0).nbytes
+                self._free.append(buffer)
+                self._kept += buffer.nbytes
 
 
 #: The buffers every chunk reader shares.

@@ -75,9 +75,16 @@ def _crc32c_end(data: Any, out: np.ndarray | None) -> np.ndarray:
 
 def _blosc_nbytes(data: Any) -> int:
     """The decoded size a Blosc frame declares: bytes 4-7 of its 16-byte header (Blosc 1 format;
-    numcodecs has no public call for it)."""
+    numcodecs has no public call for it), or -1 when ``data`` is not a whole frame."""
     view = memoryview(data).cast("B")
-    return int.from_bytes(view[4:8], "little") if view.nbytes >= 16 else -1
+    if view.nbytes < 16:
+        return -1
+    if int.from_bytes(view[12:16], "little") != view.nbytes:  # its stored size: cut or padded
+        raise ValueError(
+            f"the Blosc frame says it holds {int.from_bytes(view[12:16], 'little')} bytes, "
+            f"but {view.nbytes} are stored"
+        )
+    return int.from_bytes(view[4:8], "little")
 
 
 def _zstd_nbytes(data: Any) -> int:
@@ -114,7 +121,10 @@ class _Stage:
 
     def __call__(self, data: Any, out: np.ndarray | None) -> Any:
         declared = _DECLARED_SIZE.get(self.kind) if self.kind is not None else None
-        if out is not None and declared is not None and declared(data) == out.nbytes:
+        # Blosc trusts its own header for the stored size: a cut frame decodes to garbage, so
+        # the header is checked against what is stored first (it raises if they differ).
+        size = declared(data) if declared is not None else -1
+        if out is not None and size == out.nbytes:
             return self.codec.decode(data, out=out)
         return self.codec.decode(data)
 
@@ -411,8 +421,13 @@ class ChunkReader:
                     return memoryview(f.read()), None
             # At least one byte more than the file holds: a file that grew is seen.
             raw = workbuffers.work.take(size + 1)
-            view = raw.data  # the buffer itself, for os.readv
-            got = os.readv(fd, [view])
+            view = raw.data  # the buffer itself, for os.preadv
+            got = 0
+            while got < len(view):  # a read may return less (network file systems, signals)
+                n = os.preadv(fd, [view[got:]], got)
+                if n == 0:
+                    break
+                got += n
             if got <= size:
                 return view[:got], raw
             workbuffers.work.give(raw)  # it grew while read: read it whole, as it is now
