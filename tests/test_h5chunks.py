@@ -719,3 +719,22 @@ def test_large_chunks_reuse_their_work_buffers(
         passes.append(sum(fresh))
     assert passes[0] > 0 and passes == [passes[0]] * 3  # later passes: kept buffers only
     assert len(fresh) >= 3 * 6  # at least one buffer for each of the 6 chunks, every pass
+
+
+def test_a_cut_blosc_chunk_is_named_as_corrupt(tmp_path: Path, plugins: Any) -> None:
+    """Blosc trusts the stored size in its own header: a chunk cut short (written that way here)
+    would decode to garbage, so the header is checked against the chunk's stored size."""
+    if plugins is None:  # pragma: no cover - the test extra installs hdf5plugin
+        pytest.skip("writing blosc needs hdf5plugin")
+    options, _ = FILTERS["blosc-lz4"]
+    path = tmp_path / "a.h5"
+    values = _values("int32", (40, 5000))
+    _write(path, values, (10, 5000), options(plugins))
+    with h5py.File(path, "r+") as f:
+        mask, raw = f["x"].id.read_direct_chunk((10, 0))
+        f["x"].id.write_direct_chunk((10, 0), raw[:-500], filter_mask=mask)
+    src = _source(path)
+    assert src.read_path == "chunks"
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\).*Blosc frame says"):
+        src.read(np.arange(10, 20, dtype=np.int64))
+    _assert_same(src.read_run(20, 40), values[20:40])  # the other chunks still read

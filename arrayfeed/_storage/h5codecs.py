@@ -263,6 +263,10 @@ def _blosc(values: Sequence[int]) -> Decode | str:
             raise Undecodable(f"blosc compressor format {view[2] >> 5}")
         if len(view) >= 16 and view[0] > 2:
             raise Undecodable(f"blosc format version {view[0]}")
+        # Blosc trusts the stored size in its header: a cut frame would decode to garbage.
+        if len(view) >= 16 and int.from_bytes(view[12:16], "little") != len(view):
+            stored = int.from_bytes(view[12:16], "little")
+            raise ValueError(f"the Blosc frame says it holds {stored} bytes, {len(view)} stored")
         return numcodecs.blosc.decompress(data)  # type: ignore[no-any-return]
 
     return decode
