@@ -79,10 +79,10 @@ def _blosc_nbytes(data: Any) -> int:
     view = memoryview(data).cast("B")
     if view.nbytes < 16:
         return -1
-    if int.from_bytes(view[12:16], "little") != view.nbytes:  # its stored size: cut or padded
+    stored = int.from_bytes(view[12:16], "little")
+    if stored != view.nbytes:  # cut or padded
         raise ValueError(
-            f"the Blosc frame says it holds {int.from_bytes(view[12:16], 'little')} bytes, "
-            f"but {view.nbytes} are stored"
+            f"the Blosc frame says it holds {stored} bytes, but {view.nbytes} are stored"
         )
     return int.from_bytes(view[4:8], "little")
 
@@ -104,10 +104,7 @@ def _zstd_nbytes(data: Any) -> int:
 
 
 #: Codecs that decode into a given buffer, and the decoded size each frame declares.
-_DECLARED_SIZE: dict[str, Callable[[Any], int]] = {
-    "blosc": lambda data: _blosc_nbytes(data),
-    "zstd": lambda data: _zstd_nbytes(data),
-}
+_DECLARED_SIZE: dict[str, Callable[[Any], int]] = {"blosc": _blosc_nbytes, "zstd": _zstd_nbytes}
 
 
 class _Stage:
@@ -117,13 +114,13 @@ class _Stage:
 
     def __init__(self, codec: Any) -> None:
         self.codec = codec
-        self.kind = getattr(codec, "codec_id", None)
+        #: The decoded size a frame declares, for codecs that can decode into a buffer.
+        self.declared = _DECLARED_SIZE.get(getattr(codec, "codec_id", None) or "")
 
     def __call__(self, data: Any, out: np.ndarray | None) -> Any:
-        declared = _DECLARED_SIZE.get(self.kind) if self.kind is not None else None
         # Blosc trusts its own header for the stored size: a cut frame decodes to garbage, so
         # the header is checked against what is stored first (it raises if they differ).
-        size = declared(data) if declared is not None else -1
+        size = self.declared(data) if self.declared is not None else -1
         if out is not None and size == out.nbytes:
             return self.codec.decode(data, out=out)
         return self.codec.decode(data)
@@ -250,6 +247,14 @@ class ChunkReader:
         self.fill_value, self.decoders, self.key = fill_value, list(decoders), key
         self.name, self.strict = name, strict
         self._chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * dtype.itemsize
+        # Whether a decoded chunk goes into a lent buffer: the decoder that yields it can write
+        # into one, and the chunk is large enough to be worth it.
+        final = self.decoders[-1] if self.decoders else None
+        self._lend_decoded = (
+            isinstance(final, _Stage)
+            and final.declared is not None
+            and self._chunk_bytes >= workbuffers.MIN_BYTES
+        )
         # Chunk coordinates along every axis but the first, the region of a row each covers, and
         # the part of the chunk that lies inside the array.
         grid = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
@@ -384,9 +389,7 @@ class ChunkReader:
                 # exactly its size (the one taken can be larger); earlier ones never do, so no
                 # decoder reads from the buffer it writes.
                 target = None
-                final = self.decoders[-1] if self.decoders else None
-                writes_into = isinstance(final, _Stage) and final.kind in _DECLARED_SIZE
-                if writes_into and self._chunk_bytes >= workbuffers.MIN_BYTES:
+                if self._lend_decoded:
                     decoded = workbuffers.work.take(self._chunk_bytes)
                     target = decoded[: self._chunk_bytes]
                 last = len(self.decoders) - 1
