@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
+from arrayfeed._storage import as_source
 from arrayfeed._storage.memory import ArraySource
 
 
@@ -95,6 +98,7 @@ def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1 << 20)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 1 << 20)
     n = 200  # batches of 128 rows of 12 KiB: 1.5 MiB, more than a group
     images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
     leaves, treedef = flatten((images, np.arange(n)), lambda v: isinstance(v, np.ndarray))
@@ -113,11 +117,47 @@ def test_groups_are_sized_on_what_is_read_even_when_map_batch_shrinks_rows() -> 
     images = np.zeros((n, 64, 64, 3), np.uint8)
     _, treedef = flatten(images, lambda v: isinstance(v, np.ndarray))
     plan = Plan(n_rows=n, batch_size=256, seed=0)
-    plain = Feed([ArraySource(images)], treedef, plan)
+    plain = Feed([ArraySource(images)], treedef, plan, map_batch=lambda b: b)
     shrunk = Feed(
         [ArraySource(images)], treedef, plan, map_batch=lambda b: b[:, 0, 0, :1].astype(np.float32)
     )
     assert shrunk.group_steps == plain.group_steps <= 6  # ~16 MiB of 12 KiB rows, not 1024 steps
+
+
+@pytest.mark.parametrize(("threads", "steps"), [(1, 16), (2, 16), (4, 12), (7, 8), (16, 4)])
+def test_groups_of_cheap_reads_are_larger_when_few_threads_read_ahead(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, threads: int, steps: int
+) -> None:
+    # Batches of 4 KiB; groups of at least 16 KiB, at most 64 KiB, and 256 KiB read ahead.
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 64 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.READ_AHEAD_BYTES", 256 << 10)
+    rows = np.zeros((2000, 1024), np.uint8)
+    _, treedef = flatten(rows, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=len(rows), batch_size=4, seed=0)
+    cheap = Feed([ArraySource(rows)], treedef, plan, num_threads=threads)
+    assert cheap.group_steps == steps
+    # A map_batch, or a leaf that reads whole chunks: the smallest groups, whatever the threads.
+    mapped = Feed([ArraySource(rows)], treedef, plan, num_threads=threads, map_batch=lambda b: b)
+    assert mapped.group_steps == 4
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=rows, chunks=(100, 1024), compression="lzf")
+    with h5py.File(path, "r") as f:
+        chunked = Feed([as_source(f["x"], "x")], treedef, plan, num_threads=threads)
+        assert chunked.group_steps == 4
+
+
+def test_the_buffer_pool_keeps_every_group_in_flight_at_any_thread_count() -> None:
+    # 16 threads reading ahead 17 groups of 15 MiB, and those TensorFlow holds: more than the
+    # pool's 256 MiB floor, so the pool grows with them (a fresh 15 MiB buffer page-faults).
+    rows = np.zeros((40_000, 12_288), np.uint8)  # untouched zero pages
+    _, treedef = flatten(rows, lambda v: isinstance(v, np.ndarray))
+    feed = Feed(
+        [ArraySource(rows)], treedef, Plan(n_rows=len(rows), batch_size=256), num_threads=16
+    )
+    group = feed.group_steps * 256 * 12_288
+    assert feed.pool.max_bytes >= (16 + 5) * group > 256 << 20
 
 
 def test_map_batch_may_add_drop_and_change_leaves() -> None:

@@ -32,8 +32,9 @@ import numpy as np
 
 from .._dtypes import native_dtype
 from .._errors import DtypeError, MapBatchError, StructureError
-from .._storage import Source, chunked_rows, row_bytes, verify_sources
+from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
 from .blocks import WindowCache
+from .indexblocks import EpochIndices
 from .plan import Plan, check_position
 from .procmap import Job, ProcessMap
 from .read import BufferPool, read_rows
@@ -41,11 +42,21 @@ from .structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads", "usable_cores"]
 
-#: Bytes of batches stacked into one generator element. Every ``from_generator`` call has a large
-#: fixed cost inside TensorFlow (measured: about 4 ms, mostly its structure checks), so groups are
-#: big: 16 MiB gave 0.66-0.72x the tf.data floor for 132-byte rows (1 MiB: 0.40x), and for 12 KiB
-#: rows 5 batches per call read 2.2x faster than one (benchmarks/bench_throughput.py).
+#: Bytes of batches stacked into one generator element, at least. Every ``from_generator`` call
+#: has a fixed cost inside TensorFlow (0.6 ms per element with its split, 2 cores), so groups are
+#: big: 16 MiB gave 0.66-0.72x the tf.data floor for 132-byte rows (1 MiB: 0.40x), and for
+#: 12 KiB rows 5 batches per call read 2.2x faster than one (benchmarks/bench_throughput.py).
 GROUP_BYTES = 16 << 20
+#: At most this many bytes per group when every leaf gathers cheaply (memory, memory maps) and
+#: no ``map_batch`` runs: reading then costs little per byte, and a group's fixed costs dominate.
+#: Beside a training loop (a thread running Python) those are GIL hand-offs, each waiting up to
+#: the 5 ms switch interval: TensorFlow's thread taking a group, a reader waking, each gather.
+#: 12 KiB rows from a ``.npy`` file through tf.data beside a busy thread, 2 cores, 2 threads:
+#: 18 k rows/s in groups of 16 MiB, 34 k in groups of 64 MiB (the tf.data floor: 37 k).
+MAX_GROUP_BYTES = 64 << 20
+#: Bytes of groups read ahead (``num_threads + 1`` groups), above which groups of cheap reads
+#: are not made larger than :data:`GROUP_BYTES`: many threads read ahead many groups.
+READ_AHEAD_BYTES = 256 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
 #: Most seconds of ``map_batch`` work per group: a group is mapped batch after batch in one
@@ -136,13 +147,20 @@ class Feed:
             int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
         )
         batch_bytes = max(1, max(row_bytes(self.sources), out_bytes) * plan.batch_size)
-        steps = min(MAX_GROUP_STEPS, GROUP_BYTES // batch_bytes)
+        steps = min(MAX_GROUP_STEPS, self._group_bytes() // batch_bytes)
         if map_seconds > 0:
             steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
         self.group_steps = int(max(1, steps))
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
         self._procmap = self._new_procmap()
+
+    def _group_bytes(self) -> int:
+        """Target bytes per group (see :data:`MAX_GROUP_BYTES`)."""
+        if self.map_batch is not None or not all(isinstance(s, GatherInto) for s in self.sources):
+            return GROUP_BYTES
+        ahead = READ_AHEAD_BYTES // (self.num_threads + 1)
+        return min(MAX_GROUP_BYTES, max(GROUP_BYTES, ahead))
 
     @property
     def stacked(self) -> bool:
@@ -153,9 +171,18 @@ class Feed:
     def _new_pool(self) -> BufferPool:
         # Buffers in use at once: groups read ahead, groups TensorFlow still holds (its prefetch
         # buffer and the batch being consumed), and map_batch inputs; per leaf read or yielded.
-        # Plus the index buffer of each group being read.
+        # Plus the index blocks of the epoch (:mod:`.indexblocks`).
         leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
-        return BufferPool(capacity=2 * (self.num_threads + 5) * leaves + self.num_threads + 1)
+        in_use = self.num_threads + 5
+        read = row_bytes(self.sources) + 8  # and an index per row
+        mapped = sum(
+            int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
+        )
+        per_group = self.group_steps * self.plan.batch_size * (read + mapped * bool(self.map_batch))
+        return BufferPool(
+            capacity=2 * in_use * leaves + self.num_threads + 1,
+            max_bytes=max(256 << 20, 2 * in_use * per_group),
+        )
 
     def _new_procmap(self) -> ProcessMap | None:
         # The workers go with the feed (its dataset or Batches); the finalizer holds them, not it.
@@ -269,6 +296,9 @@ class Feed:
         todo = deque(self.groups(start_step))
         depth = self.num_threads + 1
         readers = self.readers(epoch)
+        indices = EpochIndices(
+            self.plan, epoch, start_step, self.group_steps, lambda n: self.pool.empty((n,), _INDEX)
+        )
         caches = [r for r in readers if isinstance(r, WindowCache)]
         warmed: set[int] = set()
         pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
@@ -277,7 +307,12 @@ class Feed:
             while todo or pending:
                 while todo and len(pending) < depth:
                     first, stop = todo.popleft()
-                    pending.append(pool.submit(self.read_group, epoch, first, stop, readers))
+                    pending.append(
+                        pool.submit(self.read_group, epoch, first, stop, readers, indices)
+                    )
+                    block = indices.block_of(first)
+                    if indices.starts[block] == first:  # compute the next block while this is read
+                        pool.submit(indices.compute, block + 1)
                     if caches:  # read the next window while groups are served from this one
                         last = min(stop * self.plan.batch_size, self.plan.rows_per_epoch) - 1
                         ahead = caches[0].order.window_at(last) + 1
@@ -297,18 +332,20 @@ class Feed:
 
     # -- reading --------------------------------------------------------------------------------
     def read_group(
-        self, epoch: int, first: int, stop: int, readers: Sequence[Source] | None = None
+        self,
+        epoch: int,
+        first: int,
+        stop: int,
+        readers: Sequence[Source] | None = None,
+        blocks: EpochIndices | None = None,
     ) -> Any:
         """Steps ``[first, stop)`` of ``epoch`` in the output structure: per leaf, the batches
-        stacked on a leading axis when :attr:`stacked`, else the one batch itself."""
+        stacked on a leading axis when :attr:`stacked`, else the one batch itself. ``blocks``:
+        the epoch's indices, shared by its groups (else this group's are computed here)."""
         plan = self.plan
         rows = plan.batch_rows(first)
         lead = (stop - first, rows) if self.stacked else (rows,)
-        # The indices go into a recycled buffer too: a group's are ~1 MiB, and a fresh array that
-        # size is a new mmap (page-faulted on first touch) once TensorFlow has lowered glibc's
-        # mmap threshold, which a `from_generator` iterator does for the whole process.
-        count = plan.index_count(first, stop)
-        indices = plan.indices(epoch, first, stop, out=self.pool.empty((count,), _INDEX))
+        indices = self.group_indices(epoch, first, stop, blocks)
         if self._procmap is not None:
             outs = self._procmap.map_group(
                 readers or self.sources, indices, lead, self.pool, self.check_result
@@ -324,6 +361,18 @@ class Feed:
             for out, value in zip(outs, outputs, strict=True):
                 out[i if self.stacked else slice(None)] = value
         return self.treedef.unflatten(outs)
+
+    def group_indices(
+        self, epoch: int, first: int, stop: int, blocks: EpochIndices | None
+    ) -> np.ndarray:
+        """Row indices of steps ``[first, stop)`` of ``epoch``, from ``blocks`` when given."""
+        if blocks is not None and blocks.epoch == epoch:
+            return blocks.get(first, stop)
+        # A recycled buffer: a group's indices are ~1 MiB, and a fresh array that size is a new
+        # mmap (page-faulted on first touch) once TensorFlow has lowered glibc's mmap threshold,
+        # which a `from_generator` iterator does for the whole process.
+        out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
+        return self.plan.indices(epoch, first, stop, out=out)
 
     def _apply_map(self, batch: Any, rows: int) -> list[np.ndarray]:
         assert self.map_batch is not None

@@ -39,13 +39,13 @@ import numpy.typing as npt
 __all__ = ["CHUNK", "EXACT_MAX", "derive_key", "invert", "permute", "splitmix64"]
 
 EXACT_MAX = 1 << 16
-#: Most positions permuted per pass through the work buffers (512 KiB each at most).
-#: Not smaller: every NumPy call of a pass (~80) hands the GIL over and back, and beside a busy
-#: consumer thread 8 Ki-position passes measured ~4 % slower through tf.data; on a 16-core host
-#: hand-offs between threads were the limit (README "Threads (16 cores)"). The indices of an S
-#: group (127 Ki positions) took 615 Python-level calls at 32 Ki and 360 at 64 Ki, in the same
-#: time here (2.3 / 2.2 ms); 128 Ki saved fewer calls for twice the buffers.
-CHUNK = 1 << 16
+#: Most positions permuted per pass through the work buffers (2 MiB each). Every NumPy
+#: call of a pass (about 200 with cycle walking) hands the GIL over and back, and beside a busy
+#: Python thread (a training loop) each hand-off can wait 5 ms, so passes are long: readers compute
+#: an epoch's indices in blocks of this many positions (:mod:`.indexblocks`). 256 Ki against
+#: 64 Ki, 150,000 rows of 12 KiB beside a busy thread (2 cores, benchmarks/bench_scaling.py,
+#: 2 threads): 58 k -> 67 k rows/s.
+CHUNK = 1 << 18
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -107,10 +107,10 @@ class _Scratch:
 
 #: Work buffers not in use, kept for the next call (reader threads end with every epoch, so
 #: buffers kept per thread would be allocated and faulted in anew each epoch). At most
-#: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (~2 MiB each) are kept.
+#: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (~8.5 MiB each) are kept.
 _spare: list[_Scratch] = []
 _spare_lock = threading.Lock()
-_MAX_SPARE = 8
+_MAX_SPARE = 4
 
 
 @contextlib.contextmanager

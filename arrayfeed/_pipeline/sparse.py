@@ -27,6 +27,7 @@ from .._errors import ConfigError
 from .._storage import Source, SparseRows, ragged_arange, row_bytes
 from .._validate import flag
 from .feed import GROUP_BYTES, Feed, LeafSpec
+from .indexblocks import EpochIndices
 from .read import read_rows
 from .structure import Treedef, flatten
 
@@ -192,7 +193,12 @@ class SparseFeed(Feed):
         ]
 
     def read_group(
-        self, epoch: int, first: int, stop: int, readers: Sequence[Source] | None = None
+        self,
+        epoch: int,
+        first: int,
+        stop: int,
+        readers: Sequence[Source] | None = None,
+        blocks: EpochIndices | None = None,
     ) -> list[Any]:
         """Steps ``[first, stop)`` of ``epoch`` as a list of elements: dense leaves as arrays,
         sparse leaves as :class:`SparseBatch`."""
@@ -200,7 +206,7 @@ class SparseFeed(Feed):
         plan = self.plan
         rows = plan.batch_rows(first)
         steps = stop - first
-        indices = plan.indices(epoch, first, stop)
+        indices = self.group_indices(epoch, first, stop, blocks)
         dense = [r for r, sparse in zip(readers, self.sparse_leaves, strict=True) if not sparse]
         arrays = read_rows(dense, indices, lead_shape=(steps, rows), pool=self.pool)
         columns: list[list[Any]] = []

@@ -1,0 +1,116 @@
+"""Row indices of one epoch, computed a block of steps at a time and shared by the groups in it.
+
+Pure planning: no I/O, no TensorFlow. Every NumPy call on more than a few hundred elements
+releases the GIL, and a thread that gave it up waits for it behind any thread running Python (a
+training loop) for up to the switch interval, 5 ms. Computing each group's indices on its own
+made that wait the reader's largest cost beside a busy thread: beyond ``EXACT_MAX`` rows a shuffle
+runs about 200 NumPy calls per pass of the permutation, and a group of 1,280 large rows waited
+30 ms (6 switch intervals) for its indices alone. A block of up to :data:`BLOCK_POSITIONS`
+positions takes about as many calls as one group did, so the waits per row fall by the ratio.
+
+The first blocks of an epoch are one group, then two, four, ... up to the full size: the first
+group does not wait for a large block. Each block is computed once, by the first reader that needs
+it (others wait for it), or ahead of need by :meth:`EpochIndices.compute`; the arrays are
+read-only, and blocks behind the one computed last are forgotten (groups still reading them hold
+their own views).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from .permutation import CHUNK
+from .plan import Plan
+
+__all__ = ["BLOCK_POSITIONS", "EpochIndices"]
+
+#: Most positions whose indices are computed at once: one pass of the permutation's work buffers.
+BLOCK_POSITIONS = CHUNK
+
+
+class _Block:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.rows: npt.NDArray[np.int64] | None = None
+        self.error: BaseException | None = None
+
+
+class EpochIndices:
+    """The indices of steps ``[start_step, plan.steps)`` of ``epoch``, in blocks that are whole
+    groups of ``group_steps`` steps (groups start at ``start_step``). ``empty(n)``: where a
+    block's ``n`` indices go (a recycling pool; by default a new array)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        epoch: int,
+        start_step: int,
+        group_steps: int,
+        empty: Callable[[int], npt.NDArray[np.int64]] | None = None,
+    ) -> None:
+        self.plan, self.epoch = plan, epoch
+        self._empty = empty or (lambda n: np.empty(n, dtype=np.int64))
+        most = max(1, BLOCK_POSITIONS // (group_steps * plan.batch_size)) * group_steps
+        starts, size, step = [], group_steps, start_step
+        while step < plan.steps:
+            starts.append(step)
+            step += size
+            size = min(2 * size, most)
+        #: First step of every block; a block ends where the next begins (the last at the end).
+        self.starts = starts
+        self._blocks: dict[int, _Block] = {}
+        self._lock = threading.Lock()
+
+    def block_of(self, step: int) -> int:
+        """The block holding ``step``."""
+        return bisect.bisect_right(self.starts, step) - 1
+
+    def span(self, block: int) -> tuple[int, int]:
+        """Steps ``[first, stop)`` of ``block``."""
+        last = block + 1 == len(self.starts)
+        return self.starts[block], self.plan.steps if last else self.starts[block + 1]
+
+    def get(self, first: int, stop: int) -> npt.NDArray[np.int64]:
+        """Indices of steps ``[first, stop)`` (inside one block): a read-only view."""
+        block = self.block_of(first)
+        lo, hi = self.span(block)
+        if not lo <= first < stop <= hi:
+            raise ValueError(f"steps [{first}, {stop}) are not inside one block [{lo}, {hi}).")
+        rows = self.compute(block)
+        offset = (first - lo) * self.plan.batch_size
+        return rows[offset : offset + self.plan.index_count(first, stop)]
+
+    def compute(self, block: int) -> npt.NDArray[np.int64]:
+        """The indices of ``block`` (of no block past the last: an empty array), computed by
+        this call unless another has done it or is doing it."""
+        if block >= len(self.starts):
+            return np.empty(0, dtype=np.int64)
+        with self._lock:
+            entry = self._blocks.get(block)
+            mine = entry is None
+            if entry is None:
+                entry = self._blocks[block] = _Block()
+                for old in [b for b in self._blocks if b < block - 1]:
+                    del self._blocks[old]  # their groups were handed out; views keep them alive
+        if mine:
+            try:
+                first, stop = self.span(block)
+                out = self._empty(self.plan.index_count(first, stop))
+                rows = self.plan.indices(self.epoch, first, stop, out=out)
+                entry.rows = rows[:]
+                entry.rows.setflags(write=False)  # a view: the pool's buffer stays writable
+            except BaseException as exc:  # every waiter raises it too
+                entry.error = exc
+                raise
+            finally:
+                entry.done.set()
+        entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.rows is not None
+        return entry.rows

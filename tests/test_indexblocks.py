@@ -1,0 +1,193 @@
+"""An epoch's indices computed in blocks: the same indices as the plan, each block once."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import arrayfeed as af
+from arrayfeed._pipeline import indexblocks
+from arrayfeed._pipeline.feed import Feed
+from arrayfeed._pipeline.indexblocks import EpochIndices
+from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.structure import flatten
+from arrayfeed._storage import as_source
+
+
+def _groups(plan: Plan, start: int, size: int) -> list[tuple[int, int]]:
+    # As Feed.groups: whole groups from `start`, and a short last batch in a group of its own.
+    full = plan.rows_per_epoch // plan.batch_size
+    bounds = [(s, min(s + size, full)) for s in range(start, full, size)]
+    if plan.steps > full and start <= full:
+        bounds.append((full, full + 1))
+    return bounds
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(1, 3000),
+    count=st.integers(1, 3),
+    batch=st.integers(1, 40),
+    drop=st.booleans(),
+    shuffle=st.sampled_from(["none", "full", "block"]),
+    group=st.integers(1, 9),
+    block_positions=st.integers(1, 500),
+    start_frac=st.floats(0, 1),
+    epoch=st.integers(0, 5),
+)
+def test_groups_of_blocks_are_the_plans_indices(
+    n: int,
+    count: int,
+    batch: int,
+    drop: bool,
+    shuffle: str,
+    group: int,
+    block_positions: int,
+    start_frac: float,
+    epoch: int,
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexblocks, "BLOCK_POSITIONS", block_positions)
+        _check_blocks(n, count, batch, drop, shuffle, group, block_positions, start_frac, epoch)
+
+
+def _check_blocks(
+    n: int,
+    count: int,
+    batch: int,
+    drop: bool,
+    shuffle: str,
+    group: int,
+    block_positions: int,
+    start_frac: float,
+    epoch: int,
+) -> None:
+    try:
+        plan = Plan(
+            n_rows=n,
+            batch_size=batch,
+            drop_remainder=drop,
+            shuffle=shuffle,  # type: ignore[arg-type]
+            seed=7,
+            shard=af.Shard(count, count - 1),
+            block_rows=13,
+            window_blocks=3,
+        )
+    except af.ConfigError:
+        return  # no batch on this worker
+    start = int(start_frac * (plan.steps - 1))
+    blocks = EpochIndices(plan, epoch, start, group)
+    # Blocks are whole groups, one group first, then growing, never above the largest size.
+    sizes = [hi - lo for lo, hi in map(blocks.span, range(len(blocks.starts)))]
+    most = max(1, block_positions // (group * batch)) * group
+    assert blocks.starts[0] == start and sizes[0] == min(group, plan.steps - start)
+    assert all(s % group == 0 and s <= most for s in sizes[:-1])
+    assert sum(sizes) == plan.steps - start
+    got = [blocks.get(lo, hi) for lo, hi in _groups(plan, start, group)]
+    assert all(not g.flags.writeable for g in got)
+    np.testing.assert_array_equal(np.concatenate(got), plan.indices(epoch, start, plan.steps))
+
+
+def test_each_block_is_computed_once_however_many_threads_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = Plan(n_rows=100_000, batch_size=16, seed=3)
+    calls: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    original = Plan.indices
+
+    def counted(
+        self: Plan, epoch: int, first: int, stop: int | None = None, out: Any = None
+    ) -> Any:
+        with lock:
+            calls.append((first, stop))
+        return original(self, epoch, first, stop, out)
+
+    monkeypatch.setattr(Plan, "indices", counted)
+    monkeypatch.setattr(indexblocks, "BLOCK_POSITIONS", 2048)
+    blocks = EpochIndices(plan, 2, 0, 4)
+    parts = []
+    with ThreadPoolExecutor(8) as pool:
+        for block in range(len(blocks.starts) + 1):  # and one past the end: nothing to compute
+            ready = threading.Barrier(8)
+
+            def ask(_: int, block: int = block, ready: threading.Barrier = ready) -> Any:
+                ready.wait()  # eight threads at once: the first computes, the others wait
+                return blocks.compute(block)
+
+            got = list(pool.map(ask, range(8)))
+            if block == len(blocks.starts):
+                assert all(len(g) == 0 for g in got)
+            else:
+                assert all(g is got[0] for g in got)
+                lo, hi = blocks.span(block)
+                parts += [blocks.get(*g) for g in _groups(plan, 0, 4) if lo <= g[0] < hi]
+    np.testing.assert_array_equal(np.concatenate(parts), original(plan, 2, 0, plan.steps))
+    assert len(calls) == len(set(calls)) == len(blocks.starts)
+
+
+def test_a_failing_block_raises_in_every_reader_that_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = Plan(n_rows=1000, batch_size=10, seed=0)
+    gate = threading.Event()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(5)
+        raise MemoryError("no room for indices")
+
+    monkeypatch.setattr(Plan, "indices", broken)
+    blocks = EpochIndices(plan, 0, 0, 100)  # one block: every group waits for the same one
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(blocks.get, 0, 10) for _ in range(4)]
+        gate.set()
+        for future in futures:
+            with pytest.raises(MemoryError, match="no room"):
+                future.result()
+
+
+def test_a_group_across_two_blocks_is_refused() -> None:
+    blocks = EpochIndices(Plan(n_rows=1000, batch_size=10, seed=0), 0, 0, 2)
+    with pytest.raises(ValueError, match="not inside one block"):
+        blocks.get(1, 3)
+
+
+def test_a_feed_computes_indices_block_by_block_into_recycled_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 20,000 rows in groups of 4 batches of 16: blocks of up to 1,024 positions (16 groups)
+    # instead of one index computation per group, and the same batches as before.
+    monkeypatch.setattr(indexblocks, "BLOCK_POSITIONS", 1024)
+    x = np.arange(20_000, dtype=np.int64)
+    _, treedef = flatten(x, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=len(x), batch_size=16, seed=5)
+    feed = Feed([as_source(x, "x")], treedef, plan, num_threads=2)
+    feed.group_steps = 4
+    calls = []
+    original = Plan.indices
+
+    def counted(self: Plan, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Plan, "indices", counted)
+    for epoch in range(3):
+        got = np.concatenate([g.reshape(-1) for g in feed.epoch(epoch, start_step=5)])
+        np.testing.assert_array_equal(got, original(plan, epoch, 5, plan.steps))
+    groups = len(_groups(plan, 5, 4))
+    assert len(calls) <= 3 * (groups // 16 + 6)  # 1, 2, 4, 8 groups, then 16 at a time
+    feed = Feed([as_source(x, "x")], treedef, plan, num_threads=1)  # one order of events
+    feed.group_steps = 4
+    for _ in feed.epoch(0):  # each group let go before the next
+        pass
+    fresh = feed.pool.fresh
+    for epoch in (1, 2):
+        for _ in feed.epoch(epoch):
+            pass
+    assert feed.pool.fresh == fresh  # index blocks and groups reuse the pool's buffers
