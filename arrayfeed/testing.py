@@ -365,9 +365,9 @@ class SourceTests:
             "sorted run": np.arange(n // 4, n // 2, dtype=np.int64),
         }
         for name, idx in requests.items():
-            # `out` is the middle of a larger buffer, as a caller's batch buffer may be.
+            idx.setflags(write=False)  # read-only, as the feed's
             buffer = _garbage((len(idx) + 4, *data.shape[1:]), data.dtype)
-            out = buffer[2 : 2 + len(idx)]
+            out = buffer[2 : 2 + len(idx)]  # inside a larger buffer, as a caller's batch may be
             source.gather_into(idx, out)
             assert_same_rows(out, data[idx], f"gather_into({name})")
             untouched = np.concatenate([buffer[:2], buffer[2 + len(idx) :]])

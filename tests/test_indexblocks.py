@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,22 +53,6 @@ def test_groups_of_blocks_are_the_plans_indices(
     start_frac: float,
     epoch: int,
 ) -> None:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(indexblocks, "BLOCK_POSITIONS", block_positions)
-        _check_blocks(n, count, batch, drop, shuffle, group, block_positions, start_frac, epoch)
-
-
-def _check_blocks(
-    n: int,
-    count: int,
-    batch: int,
-    drop: bool,
-    shuffle: str,
-    group: int,
-    block_positions: int,
-    start_frac: float,
-    epoch: int,
-) -> None:
     try:
         plan = Plan(
             n_rows=n,
@@ -81,8 +66,10 @@ def _check_blocks(
         )
     except af.ConfigError:
         return  # no batch on this worker
-    start = int(start_frac * (plan.steps - 1))
-    blocks = EpochIndices(plan, epoch, start, group)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexblocks, "BLOCK_POSITIONS", block_positions)
+        start = int(start_frac * (plan.steps - 1))
+        blocks = EpochIndices(plan, epoch, start, group)
     # Blocks are whole groups, one group first, then growing, never above the largest size.
     sizes = [hi - lo for lo, hi in map(blocks.span, range(len(blocks.starts)))]
     most = max(1, block_positions // (group * batch)) * group
@@ -191,3 +178,94 @@ def test_a_feed_computes_indices_block_by_block_into_recycled_buffers(
         for _ in feed.epoch(epoch):
             pass
     assert feed.pool.fresh == fresh  # index blocks and groups reuse the pool's buffers
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 2000),
+    batch=st.integers(1, 16),
+    drop=st.booleans(),
+    shuffle=st.sampled_from(["none", "full", "block"]),
+    threads=st.integers(1, 4),
+    group=st.integers(1, 5),
+    block_positions=st.integers(1, 200),
+    start_frac=st.floats(0, 1),
+)
+def test_a_feed_reading_small_blocks_on_threads_yields_the_plans_batches(
+    n: int,
+    batch: int,
+    drop: bool,
+    shuffle: str,
+    threads: int,
+    group: int,
+    block_positions: int,
+    start_frac: float,
+) -> None:
+    try:
+        plan = Plan(
+            n_rows=n,
+            batch_size=batch,
+            drop_remainder=drop,
+            shuffle=shuffle,  # type: ignore[arg-type]
+            seed=3,
+            block_rows=7,
+            window_blocks=2,
+        )
+    except af.ConfigError:
+        return  # no batch at all
+    x = np.arange(n, dtype=np.int64)
+    _, treedef = flatten(x, lambda v: isinstance(v, np.ndarray))
+    feed = Feed([as_source(x, "x")], treedef, plan, num_threads=threads)
+    feed.group_steps = group
+    start = int(start_frac * (plan.steps - 1))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexblocks, "BLOCK_POSITIONS", block_positions)
+        got = [g.reshape(-1).copy() for g in feed.epoch(4, start_step=start)]
+    np.testing.assert_array_equal(np.concatenate(got), plan.indices(4, start, plan.steps))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_a_block_that_fails_ahead_of_need_fails_the_epoch(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    monkeypatch.setattr(indexblocks, "BLOCK_POSITIONS", 256)
+    x = np.arange(5000, dtype=np.int64)
+    _, treedef = flatten(x, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=len(x), batch_size=16, seed=5)
+    feed = Feed([as_source(x, "x")], treedef, plan, num_threads=threads)
+    feed.group_steps = 2
+    original = Plan.indices
+
+    def broken(self: Plan, epoch: int, first: int, *args: Any, **kwargs: Any) -> Any:
+        if first >= 100:
+            raise MemoryError("no room for indices")
+        return original(self, epoch, first, *args, **kwargs)
+
+    monkeypatch.setattr(Plan, "indices", broken)
+    steps = 0
+    with pytest.raises(MemoryError, match="no room"):
+        for group in feed.epoch(0):
+            steps += len(group)  # batches stacked in the group
+    starts = EpochIndices(plan, 0, 0, 2).starts
+    assert steps == next(s for s in starts if s >= 100)  # every batch before the broken block
+
+
+def test_blocks_of_every_size_reuse_one_size_of_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Blocks of 1, 2, 4, ... 64 steps: each in a buffer of the largest block's size, so a pool
+    # that matches buffers by size reuses them while the consumer keeps a few recent batches.
+    monkeypatch.setattr(indexblocks, "BLOCK_POSITIONS", 1024)
+    x = np.arange(100_000, dtype=np.int64)
+    _, treedef = flatten(x, lambda v: isinstance(v, np.ndarray))
+    feed = Feed([as_source(x, "x")], treedef, Plan(n_rows=len(x), batch_size=16), num_threads=1)
+    feed.group_steps = 1
+
+    def run(epoch: int) -> None:
+        kept: deque[Any] = deque(maxlen=5)
+        for batch in feed.epoch(epoch):
+            kept.append(batch)
+
+    run(0)
+    fresh = feed.pool.fresh
+    run(1)
+    run(2)
+    assert feed.pool.fresh == fresh

@@ -42,20 +42,22 @@ from .structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads", "usable_cores"]
 
-#: Bytes of batches stacked into one generator element, at least. Every ``from_generator`` call
+#: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
+#: is whole batches, so usually a little less). Every ``from_generator`` call
 #: has a fixed cost inside TensorFlow (0.6 ms per element with its split, 2 cores), so groups are
 #: big: 16 MiB gave 0.66-0.72x the tf.data floor for 132-byte rows (1 MiB: 0.40x), and for
 #: 12 KiB rows 5 batches per call read 2.2x faster than one (benchmarks/bench_throughput.py).
 GROUP_BYTES = 16 << 20
-#: At most this many bytes per group when every leaf gathers cheaply (memory, memory maps) and
-#: no ``map_batch`` runs: reading then costs little per byte, and a group's fixed costs dominate.
+#: Up to this many bytes per group when every leaf gathers rows itself (``GatherInto``: arrays in
+#: memory, memory maps, contiguous HDF5, CSR matrices whose parts gather) and no ``map_batch``
+#: runs: reading then costs little per byte, and a group's fixed costs dominate.
 #: Beside a training loop (a thread running Python) those are GIL hand-offs, each waiting up to
 #: the 5 ms switch interval: TensorFlow's thread taking a group, a reader waking, each gather.
 #: 12 KiB rows from a ``.npy`` file through tf.data beside a busy thread, 2 cores, 2 threads:
 #: 18 k rows/s in groups of 16 MiB, 34 k in groups of 64 MiB (the tf.data floor: 37 k).
 MAX_GROUP_BYTES = 64 << 20
-#: Bytes of groups read ahead (``num_threads + 1`` groups), above which groups of cheap reads
-#: are not made larger than :data:`GROUP_BYTES`: many threads read ahead many groups.
+#: Bytes of groups read ahead (``num_threads + 1`` groups) that groups of cheap reads are sized to
+#: fill: 64 MiB up to 3 threads, 51 MiB at 4, 32 MiB at 7, :data:`GROUP_BYTES` from 15 on.
 READ_AHEAD_BYTES = 256 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
@@ -312,7 +314,7 @@ class Feed:
                     )
                     block = indices.block_of(first)
                     if indices.starts[block] == first:  # compute the next block while this is read
-                        pool.submit(indices.compute, block + 1)
+                        pool.submit(indices.prepare, block + 1)
                     if caches:  # read the next window while groups are served from this one
                         last = min(stop * self.plan.batch_size, self.plan.rows_per_epoch) - 1
                         ahead = caches[0].order.window_at(last) + 1

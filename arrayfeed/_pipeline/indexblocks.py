@@ -10,9 +10,9 @@ positions takes about as many calls as one group did, so the waits per row fall 
 
 The first blocks of an epoch are one group, then two, four, ... up to the full size: the first
 group does not wait for a large block. Each block is computed once, by the first reader that needs
-it (others wait for it), or ahead of need by :meth:`EpochIndices.compute`; the arrays are
-read-only, and blocks behind the one computed last are forgotten (groups still reading them hold
-their own views).
+it (others wait for it), or ahead of need by :meth:`EpochIndices.prepare`, into a buffer of the
+full block size (one size, so a recycling pool reuses them); the arrays are read-only, and a block
+is forgotten once every one of its steps has been handed out (the groups hold their own views).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class _Block:
         self.done = threading.Event()
         self.rows: npt.NDArray[np.int64] | None = None
         self.error: BaseException | None = None
+        self.taken = 0  # steps handed out
 
 
 class EpochIndices:
@@ -56,6 +57,7 @@ class EpochIndices:
         self.plan, self.epoch = plan, epoch
         self._empty = empty or (lambda n: np.empty(n, dtype=np.int64))
         most = max(1, BLOCK_POSITIONS // (group_steps * plan.batch_size)) * group_steps
+        self._positions = most * plan.batch_size  # of every block's buffer
         starts, size, step = [], group_steps, start_step
         while step < plan.steps:
             starts.append(step)
@@ -64,6 +66,7 @@ class EpochIndices:
         #: First step of every block; a block ends where the next begins (the last at the end).
         self.starts = starts
         self._blocks: dict[int, _Block] = {}
+        self._finished: set[int] = set()  # blocks whose every step was handed out
         self._lock = threading.Lock()
 
     def block_of(self, step: int) -> int:
@@ -83,7 +86,22 @@ class EpochIndices:
             raise ValueError(f"steps [{first}, {stop}) are not inside one block [{lo}, {hi}).")
         rows = self.compute(block)
         offset = (first - lo) * self.plan.batch_size
+        with self._lock:
+            entry = self._blocks.get(block)
+            if entry is not None:
+                entry.taken += stop - first
+                if entry.taken >= hi - lo:  # every group of the block has its view
+                    del self._blocks[block]
+                    self._finished.add(block)
         return rows[offset : offset + self.plan.index_count(first, stop)]
+
+    def prepare(self, block: int) -> None:
+        """Compute ``block`` ahead of need, unless it is computed, being computed, finished, or
+        past the last."""
+        with self._lock:
+            if block in self._blocks or block in self._finished:
+                return
+        self.compute(block)
 
     def compute(self, block: int) -> npt.NDArray[np.int64]:
         """The indices of ``block`` (of no block past the last: an empty array), computed by
@@ -95,12 +113,10 @@ class EpochIndices:
             mine = entry is None
             if entry is None:
                 entry = self._blocks[block] = _Block()
-                for old in [b for b in self._blocks if b < block - 1]:
-                    del self._blocks[old]  # their groups were handed out; views keep them alive
         if mine:
             try:
                 first, stop = self.span(block)
-                out = self._empty(self.plan.index_count(first, stop))
+                out = self._empty(self._positions)[: self.plan.index_count(first, stop)]
                 rows = self.plan.indices(self.epoch, first, stop, out=out)
                 entry.rows = rows[:]
                 entry.rows.setflags(write=False)  # a view: the pool's buffer stays writable

@@ -19,8 +19,8 @@ Both depend only on this module's arithmetic, not on NumPy's random generators, 
 the same permutation with any NumPy version.
 
 Positions go through the network ``CHUNK`` at a time, in work buffers that calls reuse, and the
-images can be written into a caller's array (``out=``): a reader thread permutes every group of
-batches without allocating. That matters beside TensorFlow: building a ``from_generator``
+images can be written into a caller's array (``out=``): a reader thread permutes every block of
+an epoch's positions (:mod:`.indexblocks`) without allocating. That matters beside TensorFlow: building a ``from_generator``
 iterator lowers glibc's mmap threshold to 128 KiB for the whole process (and freezes it there), so
 every temporary of that size or more is a fresh ``mmap`` that page-faults on first touch; the
 ~50 group-sized temporaries of a Feistel evaluation made computing a group's indices 4x slower.

@@ -167,6 +167,8 @@ class SparseFeed(Feed):
                 row += row_bytes([source])
         batch_bytes = max(1, int(row * self.plan.batch_size))
         self.group_steps = int(max(1, min(SPARSE_GROUP_STEPS, GROUP_BYTES // batch_bytes)))
+        self.pool = self._new_pool()  # sized on these groups
+        self._window_pool = self._new_window_pool()
 
     @property
     def stacked(self) -> bool:

@@ -90,7 +90,8 @@ class Source(Protocol):
 
 @runtime_checkable
 class GatherInto(Protocol):
-    """Optional capability: gather rows in any order (duplicates allowed) into ``out``."""
+    """Optional capability: gather rows in any order (duplicates allowed) into ``out``.
+    ``indices`` may be read-only (the feed shares an epoch's indices between its groups)."""
 
     def gather_into(self, indices: Indices, out: np.ndarray) -> None: ...
 
