@@ -255,3 +255,25 @@ def test_blocks_of_every_size_reuse_one_size_of_buffer(monkeypatch: pytest.Monke
     run(1)
     run(2)
     assert feed.pool.fresh == fresh
+
+
+def test_a_finished_block_is_not_computed_again_ahead_of_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = Plan(n_rows=1000, batch_size=10, seed=0)
+    blocks = EpochIndices(plan, 0, 0, 2)
+    calls = []
+    original = Plan.indices
+
+    def counted(self: Plan, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Plan, "indices", counted)
+    lo, hi = blocks.span(1)
+    for first in range(lo, hi, 2):  # every group of block 1
+        blocks.get(first, first + 2)
+    blocks.prepare(1)  # late: already handed out
+    blocks.prepare(2)
+    blocks.prepare(2)  # computed once
+    assert [args[1] for args in calls] == [lo, hi]

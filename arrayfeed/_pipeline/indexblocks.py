@@ -98,17 +98,17 @@ class EpochIndices:
     def prepare(self, block: int) -> None:
         """Compute ``block`` ahead of need, unless it is computed, being computed, finished, or
         past the last."""
-        with self._lock:
-            if block in self._blocks or block in self._finished:
-                return
-        self.compute(block)
+        self.compute(block, ahead=True)
 
-    def compute(self, block: int) -> npt.NDArray[np.int64]:
-        """The indices of ``block`` (of no block past the last: an empty array), computed by
-        this call unless another has done it or is doing it."""
+    def compute(self, block: int, ahead: bool = False) -> npt.NDArray[np.int64]:
+        """The indices of ``block`` (of no block past the last, or, ``ahead``, of a finished
+        block: an empty array), computed by this call unless another has done it or is doing
+        it."""
         if block >= len(self.starts):
             return np.empty(0, dtype=np.int64)
         with self._lock:
+            if ahead and block in self._finished:
+                return np.empty(0, dtype=np.int64)
             entry = self._blocks.get(block)
             mine = entry is None
             if entry is None:
