@@ -161,17 +161,11 @@ def test_a_feed_computes_indices_block_by_block_into_recycled_buffers(
     plan = Plan(n_rows=len(x), batch_size=16, seed=5)
     feed = Feed([as_source(x, "x")], treedef, plan, num_threads=2)
     feed.group_steps = 4
-    calls = []
-    original = Plan.indices
-
-    def counted(self: Plan, *args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Plan, "indices", counted)
+    expected = [plan.indices(epoch, 5, plan.steps) for epoch in range(3)]
+    calls = _count_indices(monkeypatch)
     for epoch in range(3):
         got = np.concatenate([g.reshape(-1) for g in feed.epoch(epoch, start_step=5)])
-        np.testing.assert_array_equal(got, original(plan, epoch, 5, plan.steps))
+        np.testing.assert_array_equal(got, expected[epoch])
     groups = len(_groups(plan, 5, 4))
     assert len(calls) <= 3 * (groups // 16 + 6)  # 1, 2, 4, 8 groups, then 16 at a time
     feed = Feed([as_source(x, "x")], treedef, plan, num_threads=1)  # one order of events
@@ -262,14 +256,7 @@ def test_a_finished_block_is_not_computed_again_ahead_of_need(
 ) -> None:
     plan = Plan(n_rows=1000, batch_size=10, seed=0)
     blocks = EpochIndices(plan, 0, 0, 2)
-    calls = []
-    original = Plan.indices
-
-    def counted(self: Plan, *args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Plan, "indices", counted)
+    calls = _count_indices(monkeypatch)
     lo, hi = blocks.span(1)
     for first in range(lo, hi, 2):  # every group of block 1
         blocks.get(first, first + 2)
@@ -277,3 +264,16 @@ def test_a_finished_block_is_not_computed_again_ahead_of_need(
     blocks.prepare(2)
     blocks.prepare(2)  # computed once
     assert [args[1] for args in calls] == [lo, hi]
+
+
+def _count_indices(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    """The arguments of every ``Plan.indices`` call from now on (after ``self``)."""
+    calls: list[tuple[Any, ...]] = []
+    original = Plan.indices
+
+    def counted(self: Plan, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Plan, "indices", counted)
+    return calls
