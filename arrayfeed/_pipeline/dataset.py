@@ -12,7 +12,6 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, TypeAlias
 
-import numpy as np
 import tensorflow as tf
 
 from .build import build_feed
@@ -238,10 +237,7 @@ PREFETCH_BATCH_BYTES = 1 << 20
 
 def _batch_bytes(feed: Feed) -> int:
     """Bytes of one full batch of ``feed``'s dense leaves."""
-    per_row = sum(
-        int(np.prod(spec.row_shape, dtype=np.int64)) * spec.dtype.itemsize for spec in feed.specs
-    )
-    return per_row * feed.plan.batch_size
+    return sum(spec.row_bytes for spec in feed.specs) * feed.plan.batch_size
 
 
 def _up_to(ds: tf.data.Dataset, steps: int) -> tf.data.Dataset:

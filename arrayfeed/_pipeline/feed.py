@@ -102,6 +102,11 @@ class LeafSpec:
     row_shape: tuple[int, ...]
     dtype: np.dtype[Any]
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row."""
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+
 
 def _is_array(obj: Any) -> bool:
     return isinstance(obj, np.ndarray) or (
@@ -145,9 +150,7 @@ class Feed:
             self.treedef, self.specs, map_seconds = self._probe_map_batch()
         # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
         # rows must not make groups read gigabytes.
-        out_bytes = sum(
-            int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
-        )
+        out_bytes = sum(s.row_bytes for s in self.specs)
         batch_bytes = max(1, max(row_bytes(self.sources), out_bytes) * plan.batch_size)
         steps = min(MAX_GROUP_STEPS, self._group_bytes() // batch_bytes)
         if map_seconds > 0:
@@ -176,11 +179,10 @@ class Feed:
         # Plus the index blocks of the epoch (:mod:`.indexblocks`).
         leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
         in_use = self.num_threads + 5
-        read = row_bytes(self.sources) + 8  # and an index per row
-        mapped = sum(
-            int(np.prod(s.row_shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs
-        )
-        per_group = self.group_steps * self.plan.batch_size * (read + mapped * bool(self.map_batch))
+        per_row = row_bytes(self.sources) + 8  # and an index per row
+        if self.map_batch is not None:
+            per_row += sum(s.row_bytes for s in self.specs)
+        per_group = self.group_steps * self.plan.batch_size * per_row
         return BufferPool(
             capacity=2 * in_use * leaves + self.num_threads + 1,
             max_bytes=max(256 << 20, 2 * in_use * per_group),
@@ -368,7 +370,7 @@ class Feed:
         self, epoch: int, first: int, stop: int, blocks: EpochIndices | None
     ) -> np.ndarray:
         """Row indices of steps ``[first, stop)`` of ``epoch``, from ``blocks`` when given."""
-        if blocks is not None and blocks.epoch == epoch:
+        if blocks is not None:
             return blocks.get(first, stop)
         # A recycled buffer: a group's indices are ~1 MiB, and a fresh array that size is a new
         # mmap (page-faulted on first touch) once TensorFlow has lowered glibc's mmap threshold,

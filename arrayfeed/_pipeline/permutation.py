@@ -20,10 +20,11 @@ the same permutation with any NumPy version.
 
 Positions go through the network ``CHUNK`` at a time, in work buffers that calls reuse, and the
 images can be written into a caller's array (``out=``): a reader thread permutes every block of
-an epoch's positions (:mod:`.indexblocks`) without allocating. That matters beside TensorFlow: building a ``from_generator``
-iterator lowers glibc's mmap threshold to 128 KiB for the whole process (and freezes it there), so
-every temporary of that size or more is a fresh ``mmap`` that page-faults on first touch; the
-~50 group-sized temporaries of a Feistel evaluation made computing a group's indices 4x slower.
+an epoch's positions (:mod:`.indexblocks`) without allocating. That matters beside TensorFlow:
+building a ``from_generator`` iterator lowers glibc's mmap threshold to 128 KiB for the whole
+process (and freezes it there), so every temporary of that size or more is a fresh ``mmap`` that
+page-faults on first touch; the ~50 group-sized temporaries of a Feistel evaluation made computing
+a group's indices 4x slower.
 """
 
 from __future__ import annotations

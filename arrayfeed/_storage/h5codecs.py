@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from .frames import blosc_nbytes
+
 __all__ = [
     "FILTER_NAMES",
     "DEFLATE",
@@ -263,10 +265,7 @@ def _blosc(values: Sequence[int]) -> Decode | str:
             raise Undecodable(f"blosc compressor format {view[2] >> 5}")
         if len(view) >= 16 and view[0] > 2:
             raise Undecodable(f"blosc format version {view[0]}")
-        # Blosc trusts the stored size in its header: a cut frame would decode to garbage.
-        if len(view) >= 16 and int.from_bytes(view[12:16], "little") != len(view):
-            stored = int.from_bytes(view[12:16], "little")
-            raise ValueError(f"the Blosc frame says it holds {stored} bytes, {len(view)} stored")
+        blosc_nbytes(view)  # a cut frame raises
         return numcodecs.blosc.decompress(data)  # type: ignore[no-any-return]
 
     return decode

@@ -38,6 +38,7 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from .._errors import CorruptDataError
 from . import workbuffers
+from .frames import blosc_nbytes as _blosc_nbytes
 from .remote import Fetcher, sync_filesystem
 
 __all__ = [
@@ -71,20 +72,6 @@ def _crc32c_end(data: Any, out: np.ndarray | None) -> np.ndarray:
             f"Computed: {computed}."
         )
     return body
-
-
-def _blosc_nbytes(data: Any) -> int:
-    """The decoded size a Blosc frame declares: bytes 4-7 of its 16-byte header (Blosc 1 format;
-    numcodecs has no public call for it), or -1 when ``data`` is not a whole frame."""
-    view = memoryview(data).cast("B")
-    if view.nbytes < 16:
-        return -1
-    stored = int.from_bytes(view[12:16], "little")
-    if stored != view.nbytes:  # cut or padded
-        raise ValueError(
-            f"the Blosc frame says it holds {stored} bytes, but {view.nbytes} are stored"
-        )
-    return int.from_bytes(view[4:8], "little")
 
 
 def _zstd_nbytes(data: Any) -> int:
