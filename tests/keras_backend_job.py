@@ -1,8 +1,10 @@
 """Keras ``fit`` on the backend named by ``KERAS_BACKEND``, recording the rows of every step.
 
 Run by tests/test_keras_backends.py in a fresh process (Keras picks its backend at import).
-Prints one JSON object: per scenario, per Keras epoch, the row ids of each batch trained on, and
-the stream ``arrayfeed.batches`` gives for the same arguments (epoch by epoch) to compare with.
+Prints one JSON object: per scenario, per Keras epoch, the row ids of each batch trained on, the
+stream ``arrayfeed.batches`` gives for the same arguments (epoch by epoch) to compare with, and how
+many epochs tf.data pulled from the training feed (Keras on JAX and torch takes the NumPy batches of
+a dataset as ``from_arrays`` returned it directly, and of a derived dataset through tf.data).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import keras
 import numpy as np
 
 import arrayfeed as af
+from arrayfeed._pipeline import dataset as af_dataset
 
 N, BATCH, EPOCHS, SEED = 60, 8, 3, 5  # 8 steps per epoch, the last one short
 
@@ -52,9 +55,26 @@ class _Epoch(keras.callbacks.Callback):  # type: ignore[misc]
         self.epoch[0] = epoch
 
 
-def _fit(*, resume: bool, initial_epoch: int = 0, validate: bool = False) -> dict[str, Any]:
+_TF_DATA_PULLS: dict[int, int] = defaultdict(int)  # id(feed) -> epochs tf.data's generator began
+
+
+def _count_tf_data_pulls() -> None:
+    through_tf_data = af_dataset._WeakFeed.__call__
+
+    def counted(self: Any) -> Any:
+        feed = self._feed()
+        _TF_DATA_PULLS[id(feed)] += 1
+        return through_tf_data(self)
+
+    af_dataset._WeakFeed.__call__ = counted  # type: ignore[method-assign]
+
+
+def _fit(
+    *, resume: bool, initial_epoch: int = 0, validate: bool = False, derived: bool = False
+) -> dict[str, Any]:
     x, y = _data()
-    ds = af.from_arrays(x, y, batch_size=BATCH, seed=SEED)
+    made = af.from_arrays(x, y, batch_size=BATCH, seed=SEED)
+    ds = made.map(lambda *batch: batch) if derived else made
     seen: dict[int, list[list[int]]] = defaultdict(list)
     epoch = [0]
     callbacks: list[Any] = [_Epoch(epoch)]
@@ -74,16 +94,19 @@ def _fit(*, resume: bool, initial_epoch: int = 0, validate: bool = False) -> dic
     return {
         "seen": {str(k): v for k, v in seen.items()},
         "stream": {str(k): v for k, v in stream.items()},
-        "next_position": list(ds._arrayfeed_feed.next_position),
+        "next_position": list(made._arrayfeed_feed.next_position),
+        "tf_data_pulls": _TF_DATA_PULLS[id(made._arrayfeed_feed)],
     }
 
 
 def main() -> None:
+    _count_tf_data_pulls()
     result = {
         "backend": keras.backend.backend(),
         "plain": _fit(resume=False),
         "validated": _fit(resume=False, validate=True),
         "resumed": _fit(resume=True, initial_epoch=1),
+        "derived": _fit(resume=False, derived=True),
     }
     json.dump(result, sys.stdout)
 

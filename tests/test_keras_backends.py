@@ -4,6 +4,8 @@ Keras picks its backend at import, so each backend runs tests/keras_backend_job.
 process. Before training an unbuilt model, Keras (JAX and torch backends; TensorFlow under a
 distribution strategy, see test_distribute.py) iterates the dataset once to look at one batch;
 arrayfeed gives that pass's epoch back, so the epochs trained on are 0, 1, 2 on every backend.
+On JAX and torch, Keras takes a dataset's NumPy batches directly, not through tf.data, unless the
+dataset was derived from the one ``from_arrays`` returned.
 """
 
 from __future__ import annotations
@@ -71,3 +73,10 @@ def test_keras_epoch_k_trains_on_arrayfeed_epoch_k(backend: str, tmp_path: Path)
     _check_epochs(result["plain"], [0, 1, 2])
     _check_epochs(result["validated"], [0, 1, 2])  # validation data: another dataset
     _check_epochs(result["resumed"], [1, 2])  # fit(initial_epoch=1) with ResumeCallback
+    _check_epochs(result["derived"], [0, 1, 2])  # from_arrays(...).map(...)
+    # Which way the batches came: tf.data's generator began no epoch of the dataset as
+    # from_arrays returned it, except on TensorFlow (Keras' look at one batch included).
+    for scenario in ("plain", "validated", "resumed"):
+        pulls = result[scenario]["tf_data_pulls"]
+        assert (pulls > 0) if backend == "tensorflow" else (pulls == 0), (scenario, pulls)
+    assert result["derived"]["tf_data_pulls"] >= 3  # a derived dataset goes through tf.data

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from .build import build_feed
 from .feed import Feed
-from .keras import guard_build_peeks
+from .keras import guard_build_peeks, serve_numpy_batches
 from .resume import register
 from .shard import Shard
 from .sparse import SparseBatch, SparseFeed, SparseLeafSpec, is_batch_leaf
@@ -111,7 +111,9 @@ def from_arrays(
 
     Returns:
         A dataset whose ``len()`` is the number of batches per epoch on this worker. Each new
-        iteration (each Keras epoch) is the next epoch, shuffled from ``(seed, epoch)``.
+        iteration (each Keras epoch) is the next epoch, shuffled from ``(seed, epoch)``. Keras on
+        the JAX and torch backends takes this dataset's batches as NumPy arrays directly, not
+        through tf.data (the same batches; a derived dataset goes through tf.data).
 
     >>> import numpy as np
     >>> ds = from_arrays(np.arange(10.0), np.arange(10), batch_size=4, shuffle=False)
@@ -144,6 +146,7 @@ def from_arrays(
     ds = _dataset(feed, sharded_by_us=built.sharded_by_us, first_pass_short=start[1] > 0)
     register(ds, feed)
     guard_build_peeks()  # Keras' look at one batch before training must not use up an epoch
+    serve_numpy_batches()  # Keras on JAX / torch: NumPy batches, not tf.data's eager iteration
     # The dataset object owns the feed: tf.data keeps the generator callable alive after the
     # dataset is gone, so that callable holds the feed only weakly (see _WeakFeed), and the feed's
     # files, buffers and threads go with the dataset and its iterators. Datasets derived by

@@ -11,12 +11,17 @@ With ``save_freq=<int>``, Keras 3.15 records the batch in its backup but restart
 interrupted epoch from its first batch (with the mid-epoch weights); the dataset follows Keras and
 also starts that epoch from its first batch. An exact mid-epoch resume is what
 ``from_arrays(..., start_epoch=, start_step=)`` gives a custom training loop.
+
+On the JAX and torch backends, Keras reads a ``tf.data.Dataset`` by iterating it eagerly and
+converting every batch to NumPy; :func:`serve_numpy_batches` lets it take an arrayfeed dataset's
+NumPy batches directly instead (the same stream, see there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,9 +29,11 @@ from typing import Any
 import keras
 
 from .._errors import ConfigError
+from .batches import Batches
 from .resume import feeds_of, live_feeds
+from .sparse import SparseFeed
 
-__all__ = ["ResumeCallback", "guard_build_peeks"]
+__all__ = ["ResumeCallback", "guard_build_peeks", "serve_numpy_batches"]
 
 # Keras 3 methods that draw a batch from the training data to build an unbuilt model (on the
 # JAX and torch backends always, on TensorFlow under a distribution strategy), then drop that
@@ -64,6 +71,59 @@ def _guarded(original: Callable[..., Any]) -> Callable[..., Any]:
 
     method._arrayfeed_guard = True  # type: ignore[attr-defined]
     return method
+
+
+# Keras 3's adapter for tf.data, and its methods that iterate the dataset in Python, one batch at a
+# time, for the backends that do not run tf.data inside their own graph (JAX, torch; NumPy
+# iteration on any backend). ``get_tf_dataset`` (the TensorFlow backend) is left as it is.
+_TF_DATASET_ADAPTER = ("keras.src.trainers.data_adapters.tf_dataset_adapter", "TFDatasetAdapter")
+_PYTHON_ITERATING_METHODS = ("get_numpy_iterator", "get_jax_iterator", "get_torch_dataloader")
+
+
+def serve_numpy_batches() -> None:
+    """Make Keras take an arrayfeed dataset's NumPy batches without going through tf.data.
+
+    Keras on JAX and torch iterates a ``tf.data.Dataset`` eagerly in its training loop: each batch
+    is handed from tf.data's threads to the loop as tensors and converted back to NumPy, and the
+    groups read by arrayfeed reach tf.data through a Python generator that needs the GIL while
+    the loop holds it. For a dataset exactly as :func:`arrayfeed.from_arrays` returned it, the
+    adapter's Python-iterating methods now yield the feed's NumPy batches directly (views of
+    recycled group buffers): the same stream, bit for bit, as :func:`arrayfeed.batches` and as
+    tf.data would give, with the epochs taken the same way. A dataset derived by any tf.data
+    transformation (``map``, ``prefetch``, ``with_options``; Keras' own ``class_weight`` map or
+    distribution), and sparse leaves given as sparse tensors, go through tf.data as before.
+
+    Idempotent; a Keras without that adapter is left alone (tf.data is used, as before).
+    """
+    module_name, class_name = _TF_DATASET_ADAPTER
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError):  # another Keras layout: tf.data is still correct
+        return
+    for method in _PYTHON_ITERATING_METHODS:
+        original = cls.__dict__.get(method)
+        if original is None or getattr(original, "_arrayfeed_numpy", False):
+            continue
+        setattr(cls, method, _numpy_batches_first(original, method))
+
+
+def _numpy_batches_first(original: Callable[..., Any], method: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def wrapped(self: Any) -> Any:
+        feed = getattr(getattr(self, "_dataset", None), "_arrayfeed_feed", None)
+        if feed is None or isinstance(feed, SparseFeed):
+            return original(self)
+        # Each iteration of a Batches is the feed's next epoch, taken at its first batch, as each
+        # iteration of the dataset is.
+        epochs = Batches(feed)
+        if method == "get_torch_dataloader":
+            from keras.src.trainers.data_adapters import data_adapter_utils
+
+            return data_adapter_utils.get_torch_dataloader(epochs)
+        return iter(epochs)
+
+    wrapped._arrayfeed_numpy = True  # type: ignore[attr-defined]
+    return wrapped
 
 
 @contextlib.contextmanager
