@@ -70,9 +70,7 @@ def main(out: str) -> None:
         "next_position": list(ds._arrayfeed_feed.next_position),
         # The rows of each epoch's first batch in the stream (Keras' look at a batch before
         # building the model must not shift epochs: Keras epoch k trains on epoch k).
-        "stream_first": [
-            next(iter(stream))[0][:, 4].astype(np.int64).tolist() for _ in range(3)
-        ],
+        "stream_first": [next(iter(stream))[0][:, 4].astype(np.int64).tolist() for _ in range(3)],
     }
 
     # 2. A custom loop over arrayfeed.distribute (distribute_datasets_from_function inside).

@@ -18,7 +18,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "arrayfeed"
 STORAGE_ONLY = {"h5py", "zarr", "numcodecs", "fsspec", "s3fs", "gcsfs", "adlfs", "aiohttp"}
-TF_MODULES = {"arrayfeed._pipeline.dataset", "arrayfeed._pipeline.keras", "arrayfeed._pipeline.distribute"}
+TF_MODULES = {
+    "arrayfeed._pipeline.dataset",
+    "arrayfeed._pipeline.keras",
+    "arrayfeed._pipeline.distribute",
+}
 CONCRETE_SOURCES = {
     "ArraySource",
     "MappedSource",
@@ -106,7 +110,9 @@ def test_tensorflow_only_in_the_glue(module: str) -> None:
     if module in TF_MODULES:
         return
     for target, _, line in _imports(module):
-        assert target.split(".")[0] not in ("tensorflow", "keras"), f"{module}:{line} imports {target}"
+        assert target.split(".")[0] not in ("tensorflow", "keras"), (
+            f"{module}:{line} imports {target}"
+        )
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

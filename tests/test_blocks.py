@@ -104,8 +104,12 @@ def test_reading_ahead_reads_every_block_once_per_epoch(
     threads: int, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.plan.WINDOW_BYTES", 3 * 64 * 8)  # windows of three blocks
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * batch * 8)  # groups of two batches
+    monkeypatch.setattr(
+        "arrayfeed._pipeline.plan.WINDOW_BYTES", 3 * 64 * 8
+    )  # windows of three blocks
+    monkeypatch.setattr(
+        "arrayfeed._pipeline.feed.GROUP_BYTES", 2 * batch * 8
+    )  # groups of two batches
     n = 64 * 40 + 17
     src = CountingChunked(np.arange(n), 64)
     ds = af.from_arrays(src, batch_size=batch, shuffle="block", seed=3, num_threads=threads)

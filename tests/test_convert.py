@@ -719,9 +719,7 @@ def test_a_file_size_limit_is_a_destination_error_and_the_process_stays_healthy(
 
 def test_errno_in_an_hdf5_message_is_read() -> None:
     error = OSError("Can't synchronously write data (file write failed: errno = 28, ...)")
-    assert isinstance(
-        _convert._destination_error(error, Path("/d/o.h5"), 10), af.DestinationError
-    )
+    assert isinstance(_convert._destination_error(error, Path("/d/o.h5"), 10), af.DestinationError)
     quota = OSError(errno.EDQUOT, "Disk quota exceeded")
     assert "no space left" in str(_convert._destination_error(quota, Path("/d/o.h5"), 10))
     read_only = OSError("file write failed: errno = 30, error message = 'Read-only file system'")

@@ -154,7 +154,10 @@ def test_an_hdf5_read_error_through_h5py_names_file_dataset_and_chunk(tmp_path: 
     try:
         source = H5Source(f["x"])
         assert source.read_path.startswith("h5py")
-        with pytest.raises(af.CorruptDataError, match=r"rows 1500\.\.1999 \(row chunk 3\) of HDF5 dataset '.*g\.h5:/x'"):
+        with pytest.raises(
+            af.CorruptDataError,
+            match=r"rows 1500\.\.1999 \(row chunk 3\) of HDF5 dataset '.*g\.h5:/x'",
+        ):
             source.read(np.arange(1500, 2000, dtype=np.int64))
         out = np.empty((1000, 16), np.int32)
         with pytest.raises(af.CorruptDataError, match=r"row chunks 2\.\.3"):

@@ -157,8 +157,7 @@ class Copy:
         self.n_rows = next(iter(parts.values())).n_rows
         csr_names = [] if densify else [n for n, p in parts.items() if p.sparse]
         self.row_bytes = sum(
-            _csr_row_bytes(p) if name in csr_names else p.row_bytes
-            for name, p in parts.items()
+            _csr_row_bytes(p) if name in csr_names else p.row_bytes for name, p in parts.items()
         )
         layout_rows = chunk_rows or choose_chunk_rows(
             self.row_bytes, self.n_rows, target_bytes=CHUNK_TARGET_BYTES[fmt]

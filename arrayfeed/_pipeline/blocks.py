@@ -215,7 +215,9 @@ class WindowCache:
             elif isinstance(self.source, ReadRangeInto):
                 self.source.read_range_into(lo, hi, window.buffer[at : at + hi - lo])
             else:
-                window.buffer[at : at + hi - lo] = self.source.read(np.arange(lo, hi, dtype=np.int64))
+                window.buffer[at : at + hi - lo] = self.source.read(
+                    np.arange(lo, hi, dtype=np.int64)
+                )
         except BaseException as exc:
             with self._lock:
                 window.loads[u] = None  # the next reader of this window tries again
