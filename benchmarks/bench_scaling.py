@@ -747,9 +747,9 @@ def fit_level(
             ds = af.from_arrays(*npy_args, **stream_args, num_threads=t)
             peers[f"arrayfeed from_arrays ({threads_name})"] = always(ds, shuffle=False)
             if backend != "tensorflow" and t is None:
-                # Any transformation makes Keras iterate the dataset through tf.data: how
-                # from_arrays reached the JAX backend before it served NumPy batches itself.
-                through = ds.with_options(tf.data.Options())
+                # A transformation that may change elements (take) makes Keras iterate the
+                # dataset through tf.data: how from_arrays reached the JAX backend before.
+                through = ds.take(len(ds))
                 peers["arrayfeed from_arrays through tf.data"] = always(through, shuffle=False)
         # The same stream as NumPy batches: what a JAX or torch backend can take without tf.data.
         generator = numpy_batches(t)

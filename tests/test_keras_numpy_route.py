@@ -23,7 +23,7 @@ from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 import arrayfeed as af
 from arrayfeed._pipeline import dataset as af_dataset
-from arrayfeed._pipeline.keras import serve_numpy_batches
+from arrayfeed._pipeline.keras import _numpy_batches_first, serve_numpy_batches
 
 N = 100
 
@@ -118,6 +118,36 @@ def test_derived_datasets_and_class_weights_go_through_tf_data(
     for (_, yb, sw), (_, want_y) in zip(weighted, (_as_numpy(b) for b in twin), strict=True):
         np.testing.assert_array_equal(yb, want_y)
         np.testing.assert_array_equal(sw, np.array([0.5, 2.0, 4.0])[yb])
+
+
+def test_prefetch_and_options_are_looked_through(tf_data_pulls: Counter[int]) -> None:
+    x, y, w = _arrays()
+    ds = af.from_arrays(x, y, w, batch_size=16, seed=5, shard=None)
+    twin = af.from_arrays(x, y, w, batch_size=16, seed=5, shard=None)
+    options = tf.data.Options()
+    options.deterministic = False
+    served = ds.prefetch(tf.data.AUTOTUNE).with_options(options).prefetch(2)
+    for _ in range(2):
+        got = list(TFDatasetAdapter(served).get_numpy_iterator())
+        _assert_same_batches(got, [_as_numpy(b) for b in twin])
+    assert tf_data_pulls[id(ds._arrayfeed_feed)] == 0
+    taken = list(TFDatasetAdapter(ds.prefetch(1).take(len(ds))).get_numpy_iterator())
+    _assert_same_batches(taken, [_as_numpy(b) for b in twin])
+    assert tf_data_pulls[id(ds._arrayfeed_feed)] == 1  # take: through tf.data
+
+
+def test_calls_with_arguments_go_to_keras_own_method() -> None:
+    calls: list[Any] = []
+
+    def original(self: Any, *args: Any, **kwargs: Any) -> str:
+        calls.append((args, kwargs))
+        return "keras"
+
+    wrapped = _numpy_batches_first(original, "get_numpy_iterator")
+    adapter = TFDatasetAdapter(af.from_arrays(np.zeros((4, 2)), batch_size=2))
+    assert wrapped(adapter, 1, key=2) == "keras"  # a Keras that passes more than we know of
+    assert calls == [((1,), {"key": 2})]
+    assert wrapped(adapter) != "keras" and calls == [((1,), {"key": 2})]
 
 
 def test_sparse_tensors_go_through_tf_data(tf_data_pulls: Counter[int]) -> None:

@@ -52,7 +52,9 @@ def guard_build_peeks() -> None:
     building it and then start over, so without this Keras epoch ``k`` would train on epoch
     ``k + 1``. Wrapping those methods (idempotent; a no-op for a Keras without them) puts every
     dataset back where it was before the look: the epochs Keras trains on are ``0, 1, 2 …``, as on
-    the TensorFlow backend. Keras offers no hook around this step, hence the wrapper.
+    the TensorFlow backend. Keras offers no hook around this step, hence the wrapper. (``predict``
+    of an unbuilt model on JAX and torch looks at its batch inline, outside that step: there the
+    look uses up an epoch of the dataset, which matters only to a shuffled one.)
     """
     for module_name, class_name, method in _PEEKING_METHODS:
         # Only what the running Keras has loaded: another backend's trainer is never imported.
@@ -86,12 +88,13 @@ def serve_numpy_batches() -> None:
     Keras on JAX and torch iterates a ``tf.data.Dataset`` eagerly in its training loop: each batch
     is handed from tf.data's threads to the loop as tensors and converted back to NumPy, and the
     groups read by arrayfeed reach tf.data through a Python generator that needs the GIL while
-    the loop holds it. For a dataset exactly as :func:`arrayfeed.from_arrays` returned it, the
-    adapter's Python-iterating methods now yield the feed's NumPy batches directly (views of
-    recycled group buffers): the same stream, bit for bit, as :func:`arrayfeed.batches` and as
-    tf.data would give, with the epochs taken the same way. A dataset derived by any tf.data
-    transformation (``map``, ``prefetch``, ``with_options``; Keras' own ``class_weight`` map or
-    distribution), and sparse leaves given as sparse tensors, go through tf.data as before.
+    the loop holds it. For a dataset :func:`arrayfeed.from_arrays` returned (also behind
+    ``prefetch`` and ``with_options``, which change nothing in its elements), the adapter's
+    Python-iterating methods now yield the feed's NumPy batches directly (views of recycled group
+    buffers): the same stream, bit for bit, as :func:`arrayfeed.batches` and as tf.data would
+    give, with the epochs taken the same way. Other transformations (``map``, ``take``, Keras' own
+    ``class_weight`` map, a multi-process ``keras.distribution`` that shards the dataset) and
+    sparse leaves given as sparse tensors go through tf.data as before.
 
     Idempotent; a Keras without that adapter is left alone (tf.data is used, as before).
     """
@@ -107,19 +110,40 @@ def serve_numpy_batches() -> None:
         setattr(cls, method, _numpy_batches_first(original, method))
 
 
+# tf.data transformations that hand on their input's elements unchanged: an arrayfeed dataset
+# behind them is still served as NumPy batches.
+_ELEMENTS_UNCHANGED = frozenset({"_PrefetchDataset", "PrefetchDataset", "_OptionsDataset"})
+
+
+def _served_feed(dataset: Any) -> Any:
+    """The dense feed whose batches ``dataset`` yields unchanged, or None."""
+    while (feed := getattr(dataset, "_arrayfeed_feed", None)) is None:
+        if type(dataset).__name__ not in _ELEMENTS_UNCHANGED:
+            return None
+        inputs = dataset._inputs()
+        if len(inputs) != 1:
+            return None
+        dataset = inputs[0]
+    return None if isinstance(feed, SparseFeed) else feed
+
+
 def _numpy_batches_first(original: Callable[..., Any], method: str) -> Callable[..., Any]:
     @functools.wraps(original)
-    def wrapped(self: Any) -> Any:
-        feed = getattr(getattr(self, "_dataset", None), "_arrayfeed_feed", None)
-        if feed is None or isinstance(feed, SparseFeed):
-            return original(self)
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        feed = None if args or kwargs else _served_feed(getattr(self, "_dataset", None))
+        if feed is None:
+            return original(self, *args, **kwargs)
         # Each iteration of a Batches is the feed's next epoch, taken at its first batch, as each
         # iteration of the dataset is.
         epochs = Batches(feed)
         if method == "get_torch_dataloader":
-            from keras.src.trainers.data_adapters import data_adapter_utils
-
-            return data_adapter_utils.get_torch_dataloader(epochs)
+            try:
+                from keras.src.trainers.data_adapters.data_adapter_utils import (
+                    get_torch_dataloader,
+                )
+            except ImportError:  # another Keras layout: tf.data is still correct
+                return original(self)
+            return get_torch_dataloader(epochs)
         return iter(epochs)
 
     wrapped._arrayfeed_numpy = True  # type: ignore[attr-defined]
