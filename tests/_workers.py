@@ -35,3 +35,12 @@ def read_after_fork(source: Any, indices: np.ndarray) -> dict[str, Any]:
         "rows": rows,
         "reopened": source._dataset is not inherited and source._pid == os.getpid(),
     }
+
+
+#: Set by the parent before it forks: what a forked child iterates as inherited, not pickled.
+INHERITED: list[Any] = []
+
+
+def iterate_inherited() -> list[list[list[int]]]:
+    """One epoch of each inherited ``Batches``: the row ids (``y``) of every batch."""
+    return [[np.asarray(batch[1]).tolist() for batch in b] for b in INHERITED]

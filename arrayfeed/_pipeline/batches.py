@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._forks import renew_after_fork
 from .build import ShardSpec, build_feed
 from .feed import Feed
 from .sparse import SparseFeed, to_scipy
@@ -153,6 +154,7 @@ class Batches:
     def __init__(self, feed: Feed) -> None:
         self._feed = feed
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._position = feed.next_position
 
     def __len__(self) -> int:
@@ -211,6 +213,7 @@ class Batches:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._feed = state["feed"]
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._position = state["position"]
 
     def __repr__(self) -> str:

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._dtypes import native_dtype
+from .._forks import renew_after_fork
 from .._storage import Prefetch, ReadPiecesInto, ReadRangeInto, Source
 from .plan import BlockOrder
 from .read import BufferPool
@@ -98,6 +99,7 @@ class WindowCache:
         self.pool = pool
         self._windows: dict[int, _Window] = {}
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self.loads = 0  # blocks read from storage, for tests and benchmarks
         self.piece_loads = 0  # pieces read (blocks, or the chunks of blocks read piece by piece)
 

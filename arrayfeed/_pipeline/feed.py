@@ -32,6 +32,7 @@ import numpy as np
 
 from .._dtypes import native_dtype
 from .._errors import DtypeError, MapBatchError, StructureError
+from .._forks import renew_after_fork
 from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
 from .blocks import WindowCache
 from .indexblocks import EpochIndices
@@ -139,6 +140,7 @@ class Feed:
             2 * self.map_processes + 1,
         )
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._next = (start_epoch, start_step)
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
         self.seed_drawn = False
@@ -280,6 +282,7 @@ class Feed:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
         self._procmap = self._new_procmap()

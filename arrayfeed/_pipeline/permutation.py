@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import numpy.typing as npt
+
+from .._forks import renew_after_fork
 
 __all__ = ["CHUNK", "EXACT_MAX", "derive_key", "invert", "permute", "splitmix64"]
 
@@ -111,6 +114,7 @@ class _Scratch:
 #: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (~8.5 MiB each) are kept.
 _spare: list[_Scratch] = []
 _spare_lock = threading.Lock()
+renew_after_fork(sys.modules[__name__], "_spare_lock")
 _MAX_SPARE = 4
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._dtypes import native_dtype
+from .._forks import renew_after_fork
 from .._storage import GatherInto, Source
 
 __all__ = ["ALIGNMENT", "Allocator", "BufferPool", "aligned_empty", "read_rows"]
@@ -56,6 +57,7 @@ class BufferPool:
         self.max_bytes = max_bytes
         self._buffers: list[np.ndarray] = []
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self.fresh = 0
         self.reused = 0
         # The reference count of a buffer that only the pool holds, measured the way _free

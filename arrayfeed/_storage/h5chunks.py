@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import CorruptDataError
+from .._forks import renew_after_fork
 from . import workbuffers
 from .h5codecs import (
     FILTER_NAMES,
@@ -156,6 +157,7 @@ class ChunkFile:
         self.via_hdf5 = 0  # chunks read through h5py instead (a form not decoded here)
         self._fill: np.ndarray | None = None
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._closer = weakref.finalize(self, os.close, fd)
         # Chunk coordinates along every axis but the first, and the region of a row each covers.
         grid = [range(-(-n // c)) for n, c in zip(self.shape[1:], self.chunks[1:], strict=True)]

@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 from .._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError, SourceUnavailableError
+from .._forks import renew_after_fork
 from .base import Indices, Source, run_bounds
 from .cf import CFSource, cf_decoding, is_dimension_placeholder, netcdf3_error
 from .fingerprint import Fingerprint
@@ -113,6 +114,7 @@ class H5Source:
         self._chunk_reader: ChunkFile | str | None = None
         self._reader_pid = -1
         self._reader_lock = threading.Lock()
+        renew_after_fork(self, "_reader_lock")
 
     @property
     def dataset(self) -> h5py.Dataset:
@@ -289,6 +291,7 @@ class H5Source:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._reader_lock = threading.Lock()
+        renew_after_fork(self, "_reader_lock")
 
     def __repr__(self) -> str:
         return f"H5Source({self.name!r}, shape={self.shape}, dtype={self.dtype})"

@@ -8,6 +8,7 @@ once per process, and pickles the path and layout, never the mapping.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import CorruptDataError
+from .._forks import renew_after_fork
 from .base import Indices, run_bounds
 from .fingerprint import Fingerprint, memmap_fingerprint
 
@@ -22,6 +24,7 @@ __all__ = ["ArraySource", "MappedSource"]
 
 #: Serialises opening the per-process file descriptor of mapped sources.
 _FD_LOCK = threading.Lock()
+renew_after_fork(sys.modules[__name__], "_FD_LOCK")
 
 
 class ArraySource:

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._errors import ArrayfeedError, ConfigError, CorruptDataError, SourceNotFoundError
+from .._forks import renew_after_fork
 from . import anndata, h5describe, hdf5, npy, zarr
 from .base import ArrayLayout, Indices, Source, StoreInfo
 from .record import ConversionRecord
@@ -226,6 +227,7 @@ class RemoteH5Source:
         self.location, self.key, self.field = location, key, field
         self.name = f"{location.url}:{key}" + (f"#{field}" if field else "")
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._opened: tuple[int, _H5File, Any] | None = None
         dataset = self._dataset()
         shape, dtype = tuple(int(n) for n in dataset.shape), np.dtype(dataset.dtype)
@@ -324,6 +326,7 @@ class RemoteH5Source:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
 
     def __repr__(self) -> str:
         return f"RemoteH5Source({self.name!r}, shape={self.shape}, dtype={self.dtype})"

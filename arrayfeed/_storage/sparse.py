@@ -32,6 +32,7 @@ import numpy as np
 
 from .._dtypes import native_dtype
 from .._errors import CorruptDataError, StructureError
+from .._forks import renew_after_fork
 from .base import (
     Chunked,
     Closeable,
@@ -195,6 +196,7 @@ class CSRSource:
         self._dtype = native_dtype(data.dtype)
         self._cache: np.ndarray | None = None
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self._check()
         ends = self._indptr_at(np.array([0, self._shape[0]], dtype=np.int64))
         self._nnz = int(ends[1])
@@ -400,6 +402,7 @@ class CSRSource:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
 
     def __repr__(self) -> str:
         return (

@@ -14,6 +14,8 @@ import threading
 
 import numpy as np
 
+from .._forks import renew_after_fork
+
 __all__ = ["MIN_BYTES", "WorkBuffers", "work"]
 
 #: Smaller buffers are allocated per read: glibc serves them from its heap even at the mmap
@@ -30,6 +32,7 @@ class WorkBuffers:
         self._free: list[np.ndarray] = []
         self._kept = 0  # bytes in _free
         self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
         self.keep, self.max_bytes = keep, max_bytes
 
     def take(self, nbytes: int) -> np.ndarray:

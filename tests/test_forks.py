@@ -1,0 +1,90 @@
+"""A forked child gets every lock arrayfeed makes unheld (``arrayfeed/_forks.py``).
+
+A process forked while one of the parent's threads held a lock (a reader thread taking a buffer,
+say) inherits the lock held, with no thread left to release it. PyTorch ``DataLoader`` workers
+and ``multiprocessing`` fork on Linux by default.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import threading
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+import arrayfeed as af
+from arrayfeed import _forks
+
+from . import _workers
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.plain = threading.Lock()
+        self.reentrant = threading.RLock()
+        _forks.renew_after_fork(self, "plain")
+        _forks.renew_after_fork(self, "reentrant")  # names add up
+
+
+def test_renewed_locks_are_unheld_and_of_the_same_kind() -> None:
+    owner = _Owner()
+    owner.plain.acquire()
+    owner.reentrant.acquire()
+    _forks._renew()  # what the child runs right after a fork
+    assert owner.plain.acquire(blocking=False)
+    assert owner.reentrant.acquire(blocking=False) and owner.reentrant.acquire(blocking=False)
+    assert isinstance(owner.reentrant, type(threading.RLock()))
+    assert not isinstance(owner.plain, type(threading.RLock()))
+
+
+def test_an_owner_that_is_gone_is_forgotten() -> None:
+    owner = _Owner()
+    key = id(owner)
+    assert key in _forks._OWNERS
+    del owner
+    gc.collect()
+    assert key not in _forks._OWNERS
+
+
+def _held_locks() -> list[Any]:
+    """Every lock arrayfeed registered, acquired here."""
+    held = []
+    for ref, names in list(_forks._OWNERS.values()):
+        owner = ref()
+        for name in names if owner is not None else ():
+            lock = getattr(owner, name)
+            assert lock.acquire(timeout=10), f"{type(owner).__name__}.{name} stays held"
+            held.append(lock)
+    return held
+
+
+@pytest.mark.slow
+def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path) -> None:
+    n = 3000
+    np.save(tmp_path / "x.npy", np.arange(n * 8, dtype=np.float32).reshape(n, 8))
+    with h5py.File(tmp_path / "y.h5", "w") as f:  # chunked + gzip: decoded outside h5py's lock
+        f.create_dataset("y", data=np.arange(n), chunks=(250,), compression="gzip")
+    y = af.open_array(tmp_path / "y.h5", "y")
+    streams = [
+        af.batches(str(tmp_path / "x.npy"), y, batch_size=64, seed=3, shard=None),
+        af.batches(y, y, batch_size=64, seed=4, shard=None, shuffle="block"),
+    ]
+    for b in streams:  # epoch 0 here: pools, readers, file descriptors and windows exist
+        assert sorted(i for _, yb in b for i in yb.tolist()) == list(range(n))
+    _workers.INHERITED[:] = streams
+    held = _held_locks()
+    try:
+        with multiprocessing.get_context("fork").Pool(1) as pool:  # forks now, locks held
+            child = pool.apply_async(_workers.iterate_inherited).get(timeout=120)
+    finally:
+        for lock in held:
+            lock.release()
+        _workers.INHERITED.clear()
+    here = [[yb.tolist() for _, yb in b] for b in streams]  # epoch 1 in the parent
+    assert child == here
+    assert all(sorted(i for batch in epoch for i in batch) == list(range(n)) for epoch in child)
