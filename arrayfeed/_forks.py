@@ -48,7 +48,7 @@ def _renew() -> None:
         if owner is None:
             continue
         for name in names:
-            old = getattr(owner, name)
+            old = getattr(owner, name, None)  # an error here would skip every later owner
             setattr(owner, name, threading.RLock() if isinstance(old, _RLOCK) else threading.Lock())
 
 
