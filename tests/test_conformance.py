@@ -28,6 +28,7 @@ from zarr.codecs import (
 import arrayfeed as af
 from arrayfeed._pipeline.blocks import WindowCache
 from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.resident import Resident
 from arrayfeed._storage import GatherInto, Source, as_source, open_for_copy, row_nbytes
 from arrayfeed._storage.hdf5 import H5ContiguousSource, H5Source
 from arrayfeed._storage.memory import ArraySource
@@ -411,6 +412,17 @@ class TestWindowCache(SourceTests):
             window_blocks=2,
         )
         return WindowCache(inner, plan.block_order(0), capacity=1)
+
+
+class TestResident(SourceTests):
+    """A small chunked HDF5 leaf held in memory by the feed (read whole on first use)."""
+
+    def make_source(self, data: np.ndarray, tmp_path: Path) -> Source:
+        with h5py.File(tmp_path / "data.h5", "w") as f:
+            f.create_dataset("x", data=data, chunks=(16, *data.shape[1:]), compression="gzip")
+        inner = af.open_array(tmp_path / "data.h5")
+        assert type(inner) is H5Source
+        return Resident(inner)
 
 
 def test_a_backend_must_implement_make_source() -> None:

@@ -177,6 +177,33 @@ def test_a_damaged_chunk_is_a_corrupt_data_error_naming_it(tmp_path: Path, damag
     np.testing.assert_array_equal(source.read(np.arange(0, 300, dtype=np.int64)), data[:300])
 
 
+@pytest.mark.parametrize("checksum", ["crc32c package", "numcodecs"])
+def test_crc32c_chunks_are_checked_by_either_checksum(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksum: str
+) -> None:
+    """What `convert` writes (uncompressed + crc32c): read as Zarr reads it, and one flipped
+    byte found, whether the checksum runs outside the GIL (the `zarr-crc32c` extra, which the
+    test extra installs) or in numcodecs."""
+    if checksum == "numcodecs":
+        monkeypatch.setattr(zarrchunks, "crc32c_checksum", numcodecs.CRC32C.checksum)
+    else:
+        assert zarrchunks.crc32c_checksum is not numcodecs.CRC32C.checksum
+    data = np.random.default_rng(1).integers(0, 1 << 40, (1000, 40), dtype=np.int64)
+    z = _array(tmp_path / "a.zarr", data, (100, 40), compressors=[Crc32cCodec()])
+    source = ZarrSource(z)
+    assert source.chunk_reader is not None
+    np.testing.assert_array_equal(source.read(np.arange(1000, dtype=np.int64)), data)
+    for position in (0, 100 * 40 * 8 - 1, 100 * 40 * 8):  # first and last byte, the checksum
+        chunk = tmp_path / "a.zarr" / "c" / "4" / "0"
+        intact = chunk.read_bytes()
+        raw = bytearray(intact)
+        raw[position] ^= 0x01
+        chunk.write_bytes(bytes(raw))
+        with pytest.raises(af.CorruptDataError, match=r"chunk \(4, 0\).*crc32c"):
+            source.read(np.arange(450, 460, dtype=np.int64))
+        chunk.write_bytes(intact)
+
+
 def test_uncommon_layouts_are_read_through_zarr(tmp_path: Path) -> None:
     data = np.arange(96, dtype=np.float32).reshape(24, 4)
     others = {

@@ -39,6 +39,7 @@ from .indexblocks import EpochIndices
 from .plan import Plan, check_position
 from .procmap import Job, ProcessMap
 from .read import BufferPool, read_rows
+from .resident import resident_sources
 from .structure import Treedef, flatten
 
 __all__ = ["Feed", "LeafSpec", "default_num_threads", "usable_cores"]
@@ -131,6 +132,8 @@ class Feed:
         map_processes: int = 0,
     ) -> None:
         self.sources = list(sources)
+        #: What groups read each leaf through: small chunked leaves are held in memory.
+        self.readable = resident_sources(self.sources)
         self.in_treedef = treedef
         self.plan = plan
         self.map_batch = map_batch
@@ -211,7 +214,7 @@ class Feed:
         # Window buffers of every chunked leaf, as many as a cache holds.
         if self.plan.shuffle != "block":
             return BufferPool(capacity=0)
-        chunked = [s for s in self.sources if chunked_rows(s)]
+        chunked = [s for s in self.readable if chunked_rows(s)]
         windows = self._cache_windows  # windows still read after eviction get new buffers
         per_window = self.plan.block_rows * self.plan.window_blocks * row_bytes(chunked)
         return BufferPool(capacity=windows * len(chunked), max_bytes=windows * per_window)
@@ -225,15 +228,16 @@ class Feed:
         return 2 + -(-in_flight_rows // window_rows)
 
     def readers(self, epoch: int) -> list[Source]:
-        """What ``epoch`` reads each leaf through: with ``shuffle="block"``, chunked storage goes
-        through a :class:`WindowCache` holding the windows that groups in flight draw from."""
+        """What ``epoch`` reads each leaf through: small chunked leaves from memory
+        (:mod:`.resident`); with ``shuffle="block"``, other chunked storage through a
+        :class:`WindowCache` holding the windows that groups in flight draw from."""
         plan = self.plan
         if plan.shuffle != "block":
-            return self.sources
+            return self.readable
         order = plan.block_order(epoch)
         return [
             WindowCache(s, order, self._cache_windows, self._window_pool) if chunked_rows(s) else s
-            for s in self.sources
+            for s in self.readable
         ]
 
     # -- epochs ---------------------------------------------------------------------------------
@@ -355,10 +359,10 @@ class Feed:
         indices = self.group_indices(epoch, first, stop, blocks)
         if self._procmap is not None:
             outs = self._procmap.map_group(
-                readers or self.sources, indices, lead, self.pool, self.check_result
+                readers or self.readable, indices, lead, self.pool, self.check_result
             )
             return self.treedef.unflatten(outs)
-        leaves = read_rows(readers or self.sources, indices, lead_shape=lead, pool=self.pool)
+        leaves = read_rows(readers or self.readable, indices, lead_shape=lead, pool=self.pool)
         if self.map_batch is None:
             return self.treedef.unflatten(leaves)
         outs = [self.pool.empty((*lead, *s.row_shape), s.dtype) for s in self.specs]

@@ -1,0 +1,196 @@
+"""Small chunked leaves (labels beside large features) are read whole once and gathered from
+memory; the features keep the chunked path, and every guarantee of the storage still holds."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+import arrayfeed as af
+from arrayfeed._pipeline import resident
+from arrayfeed._pipeline.feed import Feed
+from arrayfeed._pipeline.plan import Plan, block_layout
+from arrayfeed._pipeline.resident import Resident
+from arrayfeed._pipeline.structure import flatten
+from arrayfeed._storage import as_source, chunked_rows, row_bytes
+
+N, ROWS = 1200, 16
+
+
+def _write(path: Path, *, fletcher32: bool = False) -> Path:
+    """x: N rows of float32[8, 8] holding their index; y: the index times 3; both in chunks of
+    ROWS rows, lzf (as `arrayfeed convert` writes labels beside features)."""
+    with h5py.File(path, "w") as f:
+        x = np.repeat(np.arange(N, dtype=np.float32), 64).reshape(N, 8, 8)
+        f.create_dataset("x", data=x, chunks=(ROWS, 8, 8), compression="gzip")
+        f.create_dataset(
+            "y",
+            data=np.arange(N, dtype=np.int32) * 3,
+            chunks=(ROWS,),
+            compression="gzip",
+            fletcher32=fletcher32,
+        )
+    return path
+
+
+def _feed(path: Path, shuffle: Any = "block", threads: int = 2) -> tuple[Feed, Any]:
+    f = h5py.File(path, "r")
+    leaves, treedef = flatten((f["x"], f["y"]), lambda v: isinstance(v, h5py.Dataset))
+    sources = [as_source(leaf, name) for leaf, name in zip(leaves, "xy", strict=True)]
+    block_rows, window_blocks = 1, 1
+    if shuffle == "block":
+        chunks = [r for r in map(chunked_rows, sources) if r]
+        block_rows, window_blocks = block_layout(chunks, row_bytes(sources))
+    plan = Plan(
+        n_rows=N,
+        batch_size=50,
+        drop_remainder=False,
+        shuffle=shuffle,
+        seed=7,
+        block_rows=block_rows,
+        window_blocks=window_blocks,
+    )
+    return Feed(sources, treedef, plan, num_threads=threads), f
+
+
+def _epoch(feed: Feed) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for x, y in feed():
+        xs.append(x.reshape(-1, 8, 8))
+        ys.append(y.reshape(-1))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _decoded(source: Any) -> int:
+    reader = source.chunk_reader()
+    assert reader is not None, source.read_path  # the chunked path, outside h5py's lock
+    return int(reader.decoded)
+
+
+@pytest.mark.parametrize("shuffle", ["block", True, False])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_small_label_leaf_is_read_once_and_every_row_matches(
+    tmp_path: Path, shuffle: Any, threads: int
+) -> None:
+    feed, f = _feed(_write(tmp_path / "d.h5"), shuffle, threads)
+    with f:
+        x_source, y_source = feed.sources
+        assert isinstance(feed.readable[1], Resident) and feed.readable[1].source is y_source
+        assert feed.readable[0] is x_source  # the largest leaf keeps the chunked path
+        assert not feed.readable[1].loaded  # nothing is read before an epoch asks
+        epochs = [_epoch(feed) for _ in range(3)]
+        assert _decoded(y_source) == N // ROWS  # every label chunk once, in three epochs
+        assert _decoded(x_source) >= 3 * (N // ROWS)  # the features: chunk by chunk, each epoch
+        for x, y in epochs:
+            np.testing.assert_array_equal(y, x[:, 0, 0].astype(np.int32) * 3)  # rows stay paired
+            assert sorted(y.tolist()) == list(range(0, 3 * N, 3))  # each row once
+        if shuffle:
+            assert not np.array_equal(epochs[0][1], epochs[1][1])  # reshuffled every epoch
+
+
+def test_leaves_that_are_not_small_beside_another_keep_their_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path / "d.h5")
+    with h5py.File(path, "r") as f:
+        x, y = as_source(f["x"], "x"), as_source(f["y"], "y")
+        assert resident.resident_sources([y]) == [y]  # the only leaf
+        assert resident.resident_sources([y, y]) == [y, y]  # the largest
+        memory = as_source(np.zeros((N, 8, 8), np.float32), "m")
+        assert [type(s) for s in resident.resident_sources([memory, y])] == [type(memory), Resident]
+        monkeypatch.setattr(resident, "RESIDENT_BYTES", N * 4 - 1)  # y is one byte too large
+        assert resident.resident_sources([x, y]) == [x, y]
+        monkeypatch.setattr(resident, "RESIDENT_BYTES", N * 4)
+        monkeypatch.setattr(resident, "RESIDENT_SHARE", 64 + 1)  # y is 1/64 of x
+        assert resident.resident_sources([x, y]) == [x, y]
+
+
+def test_a_corrupt_label_chunk_is_named_when_first_read_and_on_every_try(tmp_path: Path) -> None:
+    path = _write(tmp_path / "d.h5", fletcher32=True)
+    with h5py.File(path, "r") as f:
+        info = f["y"].id.get_chunk_info_by_coord((ROWS * 5,))
+    with open(path, "r+b") as raw:  # flip one byte of label chunk 5
+        raw.seek(info.byte_offset + 2)
+        byte = raw.read(1)
+        raw.seek(info.byte_offset + 2)
+        raw.write(bytes([byte[0] ^ 0xFF]))
+    feed, f = _feed(path)
+    with f:
+        for _ in range(2):  # a failed whole read is not kept: the next epoch tries again
+            with pytest.raises(af.CorruptDataError, match=r"chunk \(5,\).*fletcher32"):
+                _epoch(feed)
+        assert not feed.readable[1].loaded
+
+
+def test_a_file_changed_after_the_labels_were_read_fails_the_next_epoch(tmp_path: Path) -> None:
+    path = _write(tmp_path / "d.h5")
+    feed, f = _feed(path)
+    with f:
+        _epoch(feed)
+        assert feed.readable[1].loaded
+        stat = os.stat(path)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        with pytest.raises(af.CorruptDataError, match="changed"):
+            _epoch(feed)
+
+
+def test_threads_that_need_the_labels_at_once_read_them_once(tmp_path: Path) -> None:
+    feed, f = _feed(_write(tmp_path / "d.h5"))
+    with f:
+        labels = feed.readable[1]
+        assert isinstance(labels, Resident)
+        outs = [np.empty(N, np.int32) for _ in range(8)]
+        start = threading.Barrier(len(outs))
+
+        def gather(out: np.ndarray) -> None:
+            start.wait()
+            labels.gather_into(np.arange(N)[::-1].copy(), out)
+
+        threads = [threading.Thread(target=gather, args=(out,)) for out in outs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert _decoded(feed.sources[1]) == N // ROWS
+        for out in outs:
+            np.testing.assert_array_equal(out, np.arange(N, dtype=np.int32)[::-1] * 3)
+        with pytest.raises(IndexError):
+            labels.gather_into(np.array([N]), np.empty(1, np.int32))
+
+
+def test_a_copy_in_another_process_reads_its_own(tmp_path: Path) -> None:
+    feed, f = _feed(_write(tmp_path / "d.h5"))
+    with f:
+        first = _epoch(feed)
+        copy = pickle.loads(pickle.dumps(feed))
+        assert isinstance(copy.readable[1], Resident) and not copy.readable[1].loaded
+        assert copy.readable[1].source is copy.sources[1]  # one source, not two
+        copy.seek(0)
+        again = _epoch(copy)
+        np.testing.assert_array_equal(first[1], again[1])
+
+
+def test_from_arrays_holds_the_labels_of_an_arrayfeed_convert_store(tmp_path: Path) -> None:
+    """End to end, as users read what `arrayfeed convert` wrote: the same batches as from the
+    arrays in memory."""
+    x = np.random.default_rng(0).integers(0, 255, (N, 8, 8, 3), dtype=np.uint8)
+    y = np.arange(N, dtype=np.int64)
+    af.convert({"x": x, "y": y}, tmp_path / "c.h5", compression="lzf")
+    with h5py.File(tmp_path / "c.h5", "r") as f:
+        assert f["y"].chunks is not None  # labels chunked beside the features
+        stored = af.batches(
+            f["x"], f["y"], batch_size=64, shuffle="block", seed=3, shard=None, drop_remainder=True
+        )
+        got = [(bx.copy(), by.copy()) for bx, by in stored]
+        assert isinstance(stored._feed.readable[1], Resident) and stored._feed.readable[1].loaded
+    for bx, by in got:
+        np.testing.assert_array_equal(bx, x[by])
+    seen = np.concatenate([by for _, by in got])
+    assert len(np.unique(seen)) == len(seen) == N - N % 64 and seen.max() < N  # each row once
