@@ -18,10 +18,12 @@ from arrayfeed._pipeline import resident
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan, block_layout
 from arrayfeed._pipeline.resident import Resident
+from arrayfeed._pipeline.shard import Shard
 from arrayfeed._pipeline.structure import flatten
 from arrayfeed._storage import as_source, chunked_rows, row_bytes
 
 N, ROWS = 1200, 16
+EVERY = Shard(1, 0)  # one worker: every row
 
 
 def _write(path: Path, *, fletcher32: bool = False) -> Path:
@@ -40,7 +42,9 @@ def _write(path: Path, *, fletcher32: bool = False) -> Path:
     return path
 
 
-def _feed(path: Path, shuffle: Any = "block", threads: int = 2) -> tuple[Feed, Any]:
+def _feed(
+    path: Path, shuffle: Any = "block", threads: int = 2, shard: Shard = EVERY
+) -> tuple[Feed, Any]:
     f = h5py.File(path, "r")
     leaves, treedef = flatten((f["x"], f["y"]), lambda v: isinstance(v, h5py.Dataset))
     sources = [as_source(leaf, name) for leaf, name in zip(leaves, "xy", strict=True)]
@@ -54,6 +58,7 @@ def _feed(path: Path, shuffle: Any = "block", threads: int = 2) -> tuple[Feed, A
         drop_remainder=False,
         shuffle=shuffle,
         seed=7,
+        shard=shard,
         block_rows=block_rows,
         window_blocks=window_blocks,
     )
@@ -101,15 +106,57 @@ def test_leaves_that_are_not_small_beside_another_keep_their_path(
     path = _write(tmp_path / "d.h5")
     with h5py.File(path, "r") as f:
         x, y = as_source(f["x"], "x"), as_source(f["y"], "y")
-        assert resident.resident_sources([y]) == [y]  # the only leaf
-        assert resident.resident_sources([y, y]) == [y, y]  # the largest
+        every = (0, N)
+        assert resident.resident_sources([y], every) == [y]  # the only leaf
         memory = as_source(np.zeros((N, 8, 8), np.float32), "m")
-        assert [type(s) for s in resident.resident_sources([memory, y])] == [type(memory), Resident]
+        held = resident.resident_sources([memory, y], every)
+        assert held[0] is memory and isinstance(held[1], Resident)
         monkeypatch.setattr(resident, "RESIDENT_BYTES", N * 4 - 1)  # y is one byte too large
-        assert resident.resident_sources([x, y]) == [x, y]
+        assert resident.resident_sources([x, y], every) == [x, y]
         monkeypatch.setattr(resident, "RESIDENT_BYTES", N * 4)
         monkeypatch.setattr(resident, "RESIDENT_SHARE", 64 + 1)  # y is 1/64 of x
-        assert resident.resident_sources([x, y]) == [x, y]
+        assert resident.resident_sources([x, y], every) == [x, y]
+
+
+def test_a_leaf_given_twice_is_held_once_and_the_total_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path / "d.h5")
+    with h5py.File(path, "r") as f:
+        f2 = h5py.File(path, "r")
+        x, y, w = as_source(f["x"], "x"), as_source(f["y"], "y"), as_source(f2["y"], "w")
+        held = resident.resident_sources([x, y, y], (0, N))  # y as labels and as weights
+        assert isinstance(held[1], Resident) and held[1] is held[2]
+        monkeypatch.setattr(resident, "RESIDENT_TOTAL", N * 4)  # room for one of y and w
+        held = resident.resident_sources([x, w, y], (0, N))
+        assert [isinstance(s, Resident) for s in held] == [False, True, False]
+        # Only the shard's rows count (and are read).
+        held = resident.resident_sources([x, w, y], (0, N // 2))
+        assert [isinstance(s, Resident) for s in held] == [False, True, True]
+        f2.close()
+
+
+def test_a_worker_reads_and_checks_only_its_own_labels(tmp_path: Path) -> None:
+    """A sharded worker holds its shard's labels only: a corrupt label chunk in another
+    worker's rows is that worker's error, not this one's."""
+    path = _write(tmp_path / "d.h5", fletcher32=True)
+    with h5py.File(path, "r") as f:
+        info = f["y"].id.get_chunk_info_by_coord((ROWS * 60,))  # rows 960.., shard 1 of 2
+    with open(path, "r+b") as raw:
+        raw.seek(info.byte_offset + 2)
+        byte = raw.read(1)
+        raw.seek(info.byte_offset + 2)
+        raw.write(bytes([byte[0] ^ 0xFF]))
+    for shuffle in ("block", True):
+        feed, f = _feed(path, shuffle, shard=Shard(2, 0))
+        with f:
+            x, y = _epoch(feed)
+            np.testing.assert_array_equal(y, x[:, 0, 0].astype(np.int32) * 3)
+            assert sorted(y.tolist()) == list(range(0, 3 * (N // 2), 3))
+            assert _decoded(feed.sources[1]) == -(-(N // 2) // ROWS)  # its own chunks only
+        other, f = _feed(path, shuffle, shard=Shard(2, 1))
+        with f, pytest.raises(af.CorruptDataError, match=r"chunk \(60,\)"):
+            _epoch(other)
 
 
 def test_a_corrupt_label_chunk_is_named_when_first_read_and_on_every_try(tmp_path: Path) -> None:
@@ -161,8 +208,12 @@ def test_threads_that_need_the_labels_at_once_read_them_once(tmp_path: Path) -> 
         assert _decoded(feed.sources[1]) == N // ROWS
         for out in outs:
             np.testing.assert_array_equal(out, np.arange(N, dtype=np.int32)[::-1] * 3)
-        with pytest.raises(IndexError):
+        with pytest.raises(IndexError, match="this worker's rows"):
             labels.gather_into(np.array([N]), np.empty(1, np.int32))
+        half = Resident(feed.sources[1], 100, 300)
+        np.testing.assert_array_equal(half.read(np.array([100, 299])), [300, 897])
+        with pytest.raises(IndexError, match=r"rows 100\.\.299"):
+            half.read(np.array([99]))
 
 
 def test_a_copy_in_another_process_reads_its_own(tmp_path: Path) -> None:

@@ -204,6 +204,30 @@ def test_crc32c_chunks_are_checked_by_either_checksum(
         chunk.write_bytes(intact)
 
 
+class _OldCrc32c:
+    """crc32c before 2.5: no `gil_release_mode`."""
+
+    @staticmethod
+    def crc32c(data: Any, value: int = 0) -> int:
+        return 0
+
+
+class _NoImplementation:
+    """crc32c >= 2.7 with CRC32C_SW_MODE=none on a CPU without the instruction."""
+
+    @staticmethod
+    def crc32c(data: Any, value: int = 0, gil_release_mode: int = -1) -> int:
+        raise RuntimeError("crc32c: no hardware or software implementation")
+
+
+@pytest.mark.parametrize("package", [_OldCrc32c, _NoImplementation, None])
+def test_an_unusable_crc32c_package_falls_back_to_numcodecs(
+    monkeypatch: pytest.MonkeyPatch, package: Any
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "crc32c", package)
+    assert zarrchunks._crc32c_checksum() is numcodecs.CRC32C.checksum
+
+
 def test_uncommon_layouts_are_read_through_zarr(tmp_path: Path) -> None:
     data = np.arange(96, dtype=np.float32).reshape(24, 4)
     others = {

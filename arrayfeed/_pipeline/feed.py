@@ -133,7 +133,7 @@ class Feed:
     ) -> None:
         self.sources = list(sources)
         #: What groups read each leaf through: small chunked leaves are held in memory.
-        self.readable = resident_sources(self.sources)
+        self.readable = resident_sources(self.sources, plan.bounds)
         self.in_treedef = treedef
         self.plan = plan
         self.map_batch = map_batch

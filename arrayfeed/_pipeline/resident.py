@@ -9,12 +9,14 @@ a fifth of the GIL-held time (2 cores, L rows from ``arrayfeed convert``: with t
 memory, 2 reader threads read HDF5 26 % and Zarr 35 % faster).
 
 So a chunked leaf of at most :data:`RESIDENT_BYTES` that is at most 1/:data:`RESIDENT_SHARE`
-of the largest leaf is read whole the first time a group needs it, by that reader thread
-(through its storage, so chunk checksums are checked as always) and then gathered from memory
-with one ``take`` per group. A failed read is tried again by the next group. The feed still
-verifies the storage itself at every epoch start, so a file changed since it was opened raises
-there as before. A leaf that is the largest (or the only one) is never held: its reads are the
-chunked storage path.
+of the largest leaf (smallest first, up to :data:`RESIDENT_TOTAL` in all) has this worker's rows
+read whole the first time a group needs them, by that reader thread (through its storage, so
+chunk checksums are checked as always), and then gathered from memory with one ``take`` per
+group. Only the worker's shard is read: another worker's rows are never fetched or decoded
+here. A failed read is tried again by the next group. The feed still verifies the storage
+itself at every epoch start, so a file changed since it was opened raises there as before. A
+leaf that is the largest (or the only one) is never held: its reads are the chunked storage
+path.
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ __all__ = ["RESIDENT_BYTES", "RESIDENT_SHARE", "Resident", "resident_sources"]
 RESIDENT_BYTES = 32 << 20
 #: A held leaf is at most this fraction of the largest leaf (1 / RESIDENT_SHARE).
 RESIDENT_SHARE = 8
+#: Most bytes held in memory for all the leaves of a feed together.
+RESIDENT_TOTAL = 64 << 20
 
 
 class Resident:
-    """A chunked source read whole on first use and gathered from memory after that."""
+    """A chunked source whose rows ``[start, stop)`` (the worker's shard; default: all) are read
+    on first use and gathered from memory after that; other rows cannot be read through it."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, start: int = 0, stop: int | None = None) -> None:
         self.source = source
+        self.start, self.stop = start, len(source) if stop is None else stop
         self._array: np.ndarray | None = None
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
@@ -75,44 +81,56 @@ class Resident:
         return array
 
     def _read_all(self) -> np.ndarray:
-        out = aligned_empty(self.shape, self.dtype)
+        start, stop = self.start, self.stop
+        out = aligned_empty((stop - start, *self.shape[1:]), self.dtype)
         if isinstance(self.source, ReadRangeInto):
-            self.source.read_range_into(0, len(self), out)
+            self.source.read_range_into(start, stop, out)
         else:
-            out[...] = self.source.read(np.arange(len(self), dtype=np.int64))
+            out[...] = self.source.read(np.arange(start, stop, dtype=np.int64))
         out.flags.writeable = False
         return out
 
+    def _local(self, indices: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        if len(indices) and (int(indices.min()) < self.start or int(indices.max()) >= self.stop):
+            raise IndexError(  # a plan bug: a worker reads its own rows only
+                f"rows {indices} are not all in this worker's rows {self.start}..{self.stop - 1}"
+            )
+        return indices - self.start if self.start else indices
+
     def read(self, indices: npt.NDArray[np.int64]) -> np.ndarray:
-        return np.take(self.array(), indices, axis=0)
+        return np.take(self.array(), self._local(indices), axis=0)
 
     def gather_into(self, indices: npt.NDArray[np.int64], out: np.ndarray) -> None:
-        array = self.array()
-        if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= len(array)):
-            raise IndexError(f"rows {indices} are not all in 0..{len(array) - 1}")  # a plan bug
-        np.take(array, indices, axis=0, out=out, mode="clip")  # unbuffered
+        local = self._local(indices)
+        np.take(self.array(), local, axis=0, out=out, mode="clip")  # unbuffered
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (another process) reads its own: rows and locks are not sent.
-        return {"source": self.source}
+        return {"source": self.source, "start": self.start, "stop": self.stop}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.source, self._array = state["source"], None
+        self.start, self.stop = state["start"], state["stop"]
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
 
 
-def resident_sources(sources: Sequence[Source]) -> list[Source]:
+def resident_sources(sources: Sequence[Source], bounds: tuple[int, int]) -> list[Source]:
     """``sources`` with each small chunked leaf (see the module docstring) wrapped in a
-    :class:`Resident`."""
-    sizes = [len(s) * row_bytes([s]) for s in sources]
+    :class:`Resident` of rows ``bounds`` (the worker's shard); a source given twice is held
+    once."""
+    start, stop = bounds
+    sizes = [(stop - start) * row_bytes([s]) for s in sources]
     largest = max(sizes, default=0)
-    return [
-        Resident(s)
-        if chunked_rows(s)
-        and not isinstance(s, (GatherInto, SparseRows))
-        and size <= RESIDENT_BYTES
-        and size * RESIDENT_SHARE <= largest
-        else s
-        for s, size in zip(sources, sizes, strict=True)
-    ]
+    held: dict[int, Resident] = {}
+    total = 0
+    for i in sorted(range(len(sources)), key=sizes.__getitem__):
+        s, size = sources[i], sizes[i]
+        if id(s) in held or not chunked_rows(s) or isinstance(s, (GatherInto, SparseRows)):
+            continue
+        if size <= RESIDENT_BYTES and size * RESIDENT_SHARE <= largest:
+            if total + size > RESIDENT_TOTAL:
+                break
+            held[id(s)] = Resident(s, start, stop)
+            total += size
+    return [held.get(id(s), s) for s in sources]

@@ -59,11 +59,17 @@ def _crc32c_checksum() -> Callable[[np.ndarray], int]:
     """CRC-32C of a buffer: with the ``crc32c`` package (the ``zarr-crc32c`` extra) computed
     outside the GIL, so reader threads check their chunks at once; else numcodecs' (through
     ``google_crc32c``), which holds the GIL: ~30 us per MiB that no other reader thread runs."""
+    from numcodecs.checksum32 import CRC32C
+
     try:
         import crc32c
-    except ImportError:
-        from numcodecs.checksum32 import CRC32C
 
+        # The check value of CRC-32C: an old crc32c (no `gil_release_mode`, before 2.5) or one
+        # without a usable implementation (CRC32C_SW_MODE=none on a CPU without the
+        # instruction) fails here, not on every chunk as if the store were corrupt.
+        if crc32c.crc32c(b"123456789", gil_release_mode=1) != 0xE3069283:
+            raise ValueError("crc32c computes a wrong check value")
+    except Exception:
         return CRC32C.checksum  # type: ignore[no-any-return]
 
     def checksum(body: np.ndarray) -> int:
