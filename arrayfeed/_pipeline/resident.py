@@ -30,10 +30,10 @@ import numpy.typing as npt
 
 from .._dtypes import native_dtype
 from .._forks import renew_after_fork
-from .._storage import GatherInto, ReadRangeInto, Source, SparseRows, chunked_rows, row_bytes
+from .._storage import ReadRangeInto, Source, SparseRows, chunked_rows, row_bytes
 from .read import aligned_empty
 
-__all__ = ["RESIDENT_BYTES", "RESIDENT_SHARE", "Resident", "resident_sources"]
+__all__ = ["RESIDENT_BYTES", "RESIDENT_SHARE", "RESIDENT_TOTAL", "Resident", "resident_sources"]
 
 #: Largest leaf (decoded bytes) held in memory.
 RESIDENT_BYTES = 32 << 20
@@ -104,15 +104,9 @@ class Resident:
         local = self._local(indices)
         np.take(self.array(), local, axis=0, out=out, mode="clip")  # unbuffered
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # A copy (another process) reads its own: rows and locks are not sent.
-        return {"source": self.source, "start": self.start, "stop": self.stop}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.source, self._array = state["source"], None
-        self.start, self.stop = state["start"], state["stop"]
-        self._lock = threading.Lock()
-        renew_after_fork(self, "_lock")
+        return Resident, (self.source, self.start, self.stop)
 
 
 def resident_sources(sources: Sequence[Source], bounds: tuple[int, int]) -> list[Source]:
@@ -126,7 +120,8 @@ def resident_sources(sources: Sequence[Source], bounds: tuple[int, int]) -> list
     total = 0
     for i in sorted(range(len(sources)), key=sizes.__getitem__):
         s, size = sources[i], sizes[i]
-        if id(s) in held or not chunked_rows(s) or isinstance(s, (GatherInto, SparseRows)):
+        # chunked_rows is None for sources that gather from memory or a map already.
+        if id(s) in held or not chunked_rows(s) or isinstance(s, SparseRows):
             continue
         if size <= RESIDENT_BYTES and size * RESIDENT_SHARE <= largest:
             if total + size > RESIDENT_TOTAL:
