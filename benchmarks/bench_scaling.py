@@ -160,6 +160,8 @@ CHUNKED = ("h5lzf", "h5gzip", "zarr", "zarrconv", "h5conv")
 #: Baselines --cases takes: NumPy gather, slab reads, tf.data floor, from_tensor_slices, and
 #: the .npy cases again beside a busy Python thread.
 BASELINES = ("gather", "slab", "floor", "fts", "busy")
+#: The NumPy gather baseline in groups of the feed's size (see gather_run).
+GROUPED_GATHER = "NumPy gather (memmap), the feed's groups"
 
 
 def label(storage: Storage) -> str:
@@ -466,25 +468,35 @@ def threaded(work: Callable[[int, int, float], int], threads: int) -> Run:
     return run
 
 
-def gather_run(x: np.ndarray, y: np.ndarray, threads: int) -> Run:
-    """NumPy ceiling: ``np.take`` of sorted random batches into reused per-thread buffers."""
-    steps = len(x) // BATCH
-    order = np.random.default_rng(SEED).permutation(len(x))[: steps * BATCH]
-    order = np.sort(order.reshape(steps, BATCH), axis=1)
+def gather_run(x: np.ndarray, y: np.ndarray, threads: int, group: int = 1) -> Run:
+    """NumPy ceiling: ``np.take`` of sorted random batches into reused per-thread buffers.
+
+    ``group`` batches per call, into one of three buffers per thread in turn (as a feed's
+    groups): a batch's output stays in the CPU's cache from one call to the next, a group of
+    many megabytes goes out to memory, as a feed's groups do."""
+    group = max(1, min(group, len(x) // BATCH))  # a group is at most the whole epoch
+    steps = len(x) // BATCH // group
+    order = np.random.default_rng(SEED).permutation(len(x))[: steps * group * BATCH]
+    order = np.sort(order.reshape(steps * group, BATCH), axis=1).reshape(steps, group * BATCH)
+    kept = 1 if group == 1 else 3
     buffers = [
-        (np.empty((BATCH, *x.shape[1:]), x.dtype), np.empty(BATCH, y.dtype)) for _ in range(threads)
+        [
+            (np.empty((group * BATCH, *x.shape[1:]), x.dtype), np.empty(group * BATCH, y.dtype))
+            for _ in range(kept)
+        ]
+        for _ in range(threads)
     ]
 
     def work(k: int, stride: int, deadline: float) -> int:
-        xb, yb = buffers[k]
         rows, step = 0, k
-        while True:  # at least one batch, however late the thread starts
+        while True:  # at least one call, however late the thread starts
             idx = order[step % steps]
+            xb, yb = buffers[k][step % kept]
             # mode="clip": with the default mode, NumPy gathers into a temporary and copies
             # that into `out` (2x slower for 12 KiB rows); the indices are in range anyway.
             np.take(x, idx, axis=0, out=xb, mode="clip")
             np.take(y, idx, axis=0, out=yb, mode="clip")
-            rows, step = rows + BATCH, step + stride
+            rows, step = rows + len(idx), step + stride
             if time.perf_counter() >= deadline:
                 return rows
 
@@ -608,6 +620,16 @@ def reader_cases(
                     run,
                     {"baseline": "gather"},
                 )
+            # The same in the feed's groups (as many batches per call, as many bytes to write).
+            group = min(feed_for(xm, ym, BATCH, True, SEED, threads).group_steps, len(xm) // BATCH)
+            add(
+                GROUPED_GATHER,
+                "baseline",
+                threads,
+                False,
+                gather_run(xm, ym, threads, group),
+                {"baseline": "gather", "batches_per_call": group},
+            )
             if "busy" in wanted and not busy_all:
                 run = gather_run(xm, ym, threads)
                 add(
@@ -994,6 +1016,9 @@ def targets(cases: list[Case], cores: int) -> list[Target]:
             0.7,
         )
     ]
+    grouped = ratio(rate("feed", "L", npy, top), rate("feed", "L", GROUPED_GATHER, top))
+    if grouped is not None:
+        out.append(Target("  the same / NumPy gathering the feed's groups", grouped, 0.7))
     busy = ratio(rate("feed", "L", npy + " +busy", top), rate("feed", "L", gather + " +busy", top))
     if busy is not None:
         out.append(Target("  the same, each beside a busy Python thread", busy, 0.7))

@@ -19,6 +19,7 @@ import pytest
 
 import arrayfeed as af
 from arrayfeed import _forks
+from arrayfeed._pipeline.resident import Resident
 
 from . import _workers
 
@@ -66,7 +67,8 @@ def _held_locks() -> list[Any]:
 @pytest.mark.slow
 def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path) -> None:
     n = 3000
-    np.save(tmp_path / "x.npy", np.arange(n * 8, dtype=np.float32).reshape(n, 8))
+    # x: 256 bytes a row, so y (8) beside it is held in memory (a Resident, with its lock).
+    np.save(tmp_path / "x.npy", np.arange(n * 64, dtype=np.float32).reshape(n, 64))
     with h5py.File(tmp_path / "y.h5", "w") as f:  # chunked + gzip: decoded outside h5py's lock
         f.create_dataset("y", data=np.arange(n), chunks=(250,), compression="gzip")
     y = af.open_array(tmp_path / "y.h5", "y")
@@ -76,8 +78,15 @@ def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path
     ]
     for b in streams:  # epoch 0 here: pools, readers, file descriptors and windows exist
         assert sorted(i for _, yb in b for i in yb.tolist()) == list(range(n))
+    assert (
+        isinstance(streams[0]._feed.readable[1], Resident) and streams[0]._feed.readable[1].loaded
+    )
+    # Not read yet: the child takes the held leaf's lock to read it.
+    streams.append(af.batches(str(tmp_path / "x.npy"), y, batch_size=64, seed=5, shard=None))
+    assert not streams[2]._feed.readable[1].loaded
     _workers.INHERITED[:] = streams
     held = _held_locks()
+    assert streams[2]._feed.readable[1]._lock in held  # as a reader thread reading it at fork
     try:
         with multiprocessing.get_context("fork").Pool(1) as pool:  # forks now, locks held
             child = pool.apply_async(_workers.iterate_inherited).get(timeout=120)
@@ -85,6 +94,6 @@ def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path
         for lock in held:
             lock.release()
         _workers.INHERITED.clear()
-    here = [[yb.tolist() for _, yb in b] for b in streams]  # epoch 1 in the parent
+    here = [[yb.tolist() for _, yb in b] for b in streams]  # the same epochs in the parent
     assert child == here
     assert all(sorted(i for batch in epoch for i in batch) == list(range(n)) for epoch in child)

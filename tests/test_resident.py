@@ -245,3 +245,132 @@ def test_from_arrays_holds_the_labels_of_an_arrayfeed_convert_store(tmp_path: Pa
         np.testing.assert_array_equal(bx, x[by])
     seen = np.concatenate([by for _, by in got])
     assert len(np.unique(seen)) == len(seen) == N - N % 64 and seen.max() < N  # each row once
+
+
+def test_a_zarr_label_leaf_is_read_once_through_its_checksums(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zarr as Zarr writes it (zstd features, CRC-32C-checked labels in the same rows): each
+    label chunk file is read once in two epochs, and a flipped byte in one is named."""
+    import zarr
+    from zarr.codecs import Crc32cCodec
+
+    from arrayfeed._storage.zarrchunks import ChunkReader
+
+    root = zarr.open_group(tmp_path / "d.zarr", mode="w")
+    x = np.repeat(np.arange(N, dtype=np.float32), 64).reshape(N, 8, 8)
+    root.create_array("x", data=x, chunks=(ROWS, 8, 8))
+    root.create_array(
+        "y", data=np.arange(N, dtype=np.int32) * 3, chunks=(ROWS,), compressors=[Crc32cCodec()]
+    )
+    reads: list[str] = []
+    read_file = ChunkReader._read_file
+
+    def counted(path: str) -> Any:
+        reads.append(os.path.relpath(path, tmp_path / "d.zarr").split(os.sep)[0])
+        return read_file(path)
+
+    def stream_of_store() -> af.Batches:
+        store = tmp_path / "d.zarr"
+        return af.batches(
+            af.open_array(store, "x"),
+            af.open_array(store, "y"),
+            batch_size=50,
+            shuffle="block",
+            seed=5,
+            shard=None,
+            num_threads=2,
+        )
+
+    monkeypatch.setattr(ChunkReader, "_read_file", staticmethod(counted))
+    stream = stream_of_store()
+    labels = stream._feed.readable[1]
+    assert isinstance(labels, Resident) and labels.source is stream._feed.sources[1]
+    for _ in range(2):
+        ys = []
+        for bx, by in stream:
+            np.testing.assert_array_equal(by, bx[:, 0, 0].astype(np.int32) * 3)
+            ys.append(by.copy())
+        assert sorted(np.concatenate(ys).tolist()) == list(range(0, 3 * N, 3))
+    assert reads.count("y") == N // ROWS  # every label chunk once, in two epochs
+    assert reads.count("x") == 2 * (N // ROWS)
+
+    chunk = tmp_path / "d.zarr" / "y" / "c" / "5"
+    data = bytearray(chunk.read_bytes())
+    data[3] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    fresh = stream_of_store()
+    assert isinstance(fresh._feed.readable[1], Resident)
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(5,\).*d\.zarr:y.*crc32c"):
+        list(fresh)
+
+
+def _double_labels(batch: Any) -> Any:
+    x, y = batch
+    return x, y * 2
+
+
+def test_map_processes_beside_held_labels(tmp_path: Path) -> None:
+    """Groups read into shared memory for worker processes gather the held labels too."""
+    with h5py.File(_write(tmp_path / "d.h5"), "r") as f:
+        stream = af.batches(
+            f["x"],
+            f["y"],
+            batch_size=50,
+            shuffle="block",
+            seed=2,
+            shard=None,
+            map_batch=_double_labels,
+            map_processes=1,
+        )
+        for _ in range(2):
+            got = [(bx.copy(), by.copy()) for bx, by in stream]
+            for bx, by in got:
+                np.testing.assert_array_equal(by, bx[:, 0, 0].astype(np.int32) * 6)
+            seen = np.concatenate([by for _, by in got])
+            assert sorted(seen.tolist()) == list(range(0, 6 * N, 6))
+        held = stream._feed.readable[1]
+        assert isinstance(held, Resident) and held.loaded
+        del stream
+
+
+@pytest.mark.parametrize("shuffle", ["block", True])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_sparse_rows_beside_held_labels(tmp_path: Path, shuffle: Any, sparse: bool) -> None:
+    """An AnnData-style CSR matrix (never held: its rows are read through ``indptr``) beside
+    chunked labels in the same file, which are."""
+    import scipy.sparse
+
+    cols = 64
+    dense = np.zeros((N, cols), np.float32)
+    dense[np.arange(N), np.arange(N) % cols] = np.arange(N) + 1
+    dense[np.arange(N), (np.arange(N) * 7 + 3) % cols] += 0.5
+    csr = scipy.sparse.csr_matrix(dense)
+    path = tmp_path / "d.h5ad"
+    with h5py.File(path, "w") as f:
+        group = f.create_group("X")
+        group.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0"})
+        group.attrs["shape"] = np.asarray(dense.shape)
+        for name in ("data", "indices", "indptr"):
+            group.create_dataset(name, data=getattr(csr, name), chunks=(256,), compression="gzip")
+        f.create_dataset(
+            "y", data=np.arange(N, dtype=np.int32) * 3, chunks=(ROWS,), compression="gzip"
+        )
+    stream = af.batches(
+        af.open_array(path, "X"),
+        af.open_array(path, "y"),
+        batch_size=50,
+        shuffle=shuffle,
+        seed=4,
+        shard=None,
+        sparse=sparse,
+    )
+    held = stream._feed.readable
+    assert not isinstance(held[0], Resident) and isinstance(held[1], Resident)
+    seen = []
+    for bx, by in stream:
+        rows = bx.toarray() if sparse else bx
+        np.testing.assert_array_equal(rows, dense[by // 3])
+        seen.append(by.copy())
+    assert sorted(np.concatenate(seen).tolist()) == list(range(0, 3 * N, 3))
+    assert held[1].loaded

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -443,6 +444,30 @@ def test_short_reads_of_a_chunk_file_are_continued(
     monkeypatch.setattr(os, "preadv", at_most_a_mebibyte)
     reader = ChunkReader.of(z, "a", strict=True)
     assert reader is not None
+    np.testing.assert_array_equal(reader.read(np.arange(8, dtype=np.int64)), data)
+
+
+@pytest.mark.parametrize("columns", [1_000, 200_000], ids=["small file", "large file"])
+def test_a_chunk_file_read_short_or_grown_since_its_size_was_taken_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    """Small chunk files (under 128 KiB) are read with one ``pread``, large ones into a work
+    buffer; either way a short read is continued and a file longer than its size said (it grew
+    after ``fstat``) is read to its end, never cut."""
+    data = np.random.default_rng(0).integers(0, 4, (8, columns), dtype=np.int16)
+    z = _array(tmp_path / "a.zarr", data, (8, columns), compressors=COMPRESSORS["zstd+crc32c"])
+    size = (tmp_path / "a.zarr" / "c" / "0" / "0").stat().st_size
+    assert (size < workbuffers.MIN_BYTES) == (columns == 1_000)
+    pread, preadv, fstat = os.pread, os.preadv, os.fstat
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: pread(fd, min(n, 100), at))
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: preadv(fd, [bufs[0][:100]], at))
+    reader = ChunkReader.of(z, "a", strict=True)
+    assert reader is not None
+    np.testing.assert_array_equal(reader.read(np.arange(8, dtype=np.int64)), data)
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "preadv", preadv)
+    shrunk = types.SimpleNamespace(st_size=size - 7)
+    monkeypatch.setattr(os, "fstat", lambda fd: shrunk if fstat(fd).st_size == size else fstat(fd))
     np.testing.assert_array_equal(reader.read(np.arange(8, dtype=np.int64)), data)
 
 
