@@ -24,7 +24,7 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
-from arrayfeed._storage import h5codecs, workbuffers
+from arrayfeed._storage import as_source, h5chunks, h5codecs, workbuffers
 from arrayfeed._storage.h5chunks import ChunkFile
 from arrayfeed._storage.h5codecs import Stage, fletcher32, pipeline
 from arrayfeed._storage.hdf5 import H5Source, open_hdf5
@@ -738,3 +738,29 @@ def test_a_cut_blosc_chunk_is_named_as_corrupt(tmp_path: Path, plugins: Any) -> 
     with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\).*Blosc frame says"):
         src.read(np.arange(10, 20, dtype=np.int64))
     _assert_same(src.read_run(20, 40), values[20:40])  # the other chunks still read
+
+
+def test_reading_a_chunk_through_hdf5_holds_h5pys_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`read_direct_chunk` (the once-per-process check of chunk offsets) runs under h5py's own
+    lock: h5py before its pull request 2764 did not take it, and another thread in HDF5 at the
+    same time made it fail or crash."""
+    assert h5chunks._H5PY_LOCK is h5py._objects.phil
+    held = []
+
+    class Recording:
+        def __enter__(self) -> None:
+            held.append(h5py._objects.phil.acquire())
+
+        def __exit__(self, *exc: object) -> None:
+            h5py._objects.phil.release()
+
+    monkeypatch.setattr(h5chunks, "_H5PY_LOCK", Recording())
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("x", data=np.arange(1000), chunks=(100,), compression="gzip")
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        source = as_source(f["x"], "x")
+        assert source.chunk_reader() is not None
+        np.testing.assert_array_equal(source.read(np.arange(5, 500, 7)), np.arange(5, 500, 7))
+    assert held == [True]

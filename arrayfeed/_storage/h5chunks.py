@@ -50,6 +50,11 @@ from .h5codecs import (
 
 __all__ = ["ChunkFile", "ChunkLayout"]
 
+#: h5py's own lock around every call into HDF5. `read_direct_chunk` did not take it until h5py's
+#: pull request 2764 (December 2025): called while another thread was in HDF5, it failed ("no VOL
+#: object wrap context") or crashed. It is taken here for that call.
+_H5PY_LOCK: Any = getattr(getattr(h5py, "_objects", None), "phil", None) or contextlib.nullcontext()
+
 Filters = tuple[tuple[int, tuple[int, ...], str], ...]
 #: A chunk's coordinates in the chunk grid (chunk units, not elements).
 Coords = tuple[int, ...]
@@ -207,7 +212,8 @@ class ChunkFile:
             return True
         coords = tuple(int(c) for c in np.unravel_index(int(stored[0]), self.offsets.shape))
         start = tuple(c * n for c, n in zip(coords, self.chunks, strict=True))
-        mask, data = self.dataset.id.read_direct_chunk(start)
+        with _H5PY_LOCK:
+            mask, data = self.dataset.id.read_direct_chunk(start)
         ours = os.pread(self.fd, int(self.sizes[coords]), int(self.offsets[coords]))
         return bool(ours == bytes(data) and int(mask) == int(self.masks[coords]))
 
