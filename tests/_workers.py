@@ -44,8 +44,3 @@ INHERITED: list[Any] = []
 def iterate_inherited() -> list[list[list[int]]]:
     """One epoch of each inherited ``Batches``: the row ids (``y``) of every batch."""
     return [[np.asarray(batch[1]).tolist() for batch in b] for b in INHERITED]
-
-
-def next_epoch_of_inherited_feed() -> list[int]:
-    """The next epoch of the inherited :class:`Feed`: the row ids (``y``), in order."""
-    return [int(i) for group in INHERITED[0]() for i in np.asarray(group[1]).reshape(-1)]

@@ -10,8 +10,7 @@ batches in the graph (``Batches`` into NumPy views), which amortises the per-ele
 ``from_generator``. When one batch alone is about a group's size (large rows), batches are
 yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
-Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order, and
-while an epoch ends, the first groups of the next (:mod:`.epochrun`). With
+Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order. With
 ``map_processes=N``, ``map_batch`` runs in N worker processes instead (:mod:`.procmap`), and
 there are at least 2N + 1 reader threads: two waiting on each worker (one group mapped, the
 next queued), one reading.
@@ -23,8 +22,9 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,6 @@ from .._errors import DtypeError, MapBatchError, StructureError
 from .._forks import renew_after_fork
 from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
 from .blocks import WindowCache
-from .epochrun import EpochRun, reads_ahead
 from .indexblocks import EpochIndices
 from .plan import Plan, check_position
 from .procmap import Job, ProcessMap
@@ -146,9 +145,6 @@ class Feed:
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._next = (start_epoch, start_step)
-        #: The next epoch's first groups, read while this one ends (:mod:`.epochrun`).
-        self._ahead: EpochRun | None = None
-        self._epochs_run = 0
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
         self.seed_drawn = False
         map_seconds = 0.0
@@ -285,7 +281,6 @@ class Feed:
         state = self.__dict__.copy()
         # Locks cannot be pickled, and buffers are not worth it: the copy gets its own.
         del state["_lock"], state["pool"], state["_window_pool"], state["_procmap"]
-        state["_ahead"] = None  # reads in flight in this process's threads
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -308,50 +303,43 @@ class Feed:
         return bounds
 
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
-        """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order;
-        near its end, the first groups of the next epoch are read too (:mod:`.epochrun`)."""
-        with self._lock:
-            run, self._ahead = self._ahead, None
-            self._epochs_run += 1
-            # Read into the next epoch only once a second one was asked for: a single pass
-            # (predict, evaluate, a resumed last epoch) reads nothing it does not yield.
-            ahead = self._epochs_run > 1 and self._procmap is None and reads_ahead(self.sources)
-        if run is not None and not run.matches(epoch, start_step):
-            run.cancel(wait=False)
-            run = None
-        if run is None:
-            pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
-            run = EpochRun(self, epoch, start_step, pool)
+        """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order."""
+        todo = deque(self.groups(start_step))
         depth = self.num_threads + 1
-        following: EpochRun | None = None
-        handed = False
+        readers = self.readers(epoch)
+        indices = EpochIndices(
+            self.plan, epoch, start_step, self.group_steps, lambda n: self.pool.empty((n,), _INDEX)
+        )
+        caches = [r for r in readers if isinstance(r, WindowCache)]
+        warmed: set[int] = set()
+        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
+        pending: deque[Future[Any]] = deque()
         try:
-            while run.todo or run.pending:
-                while run.todo and len(run.pending) < depth:
-                    run.submit()
-                if ahead and not run.todo:
-                    # Every group of this epoch is in flight: the slots its last ones free go
-                    # to the first groups of the next (not with worker processes, whose
-                    # shared-memory slots these would hold).
-                    if following is None:
-                        following = EpochRun(self, epoch + 1, 0, run.pool)
-                    while following.todo and len(run.pending) + len(following.pending) < depth:
-                        following.submit()
-                group = run.pending.popleft().result()
-                if following is not None and not run.pending:
-                    dropped: EpochRun | None
-                    with self._lock:  # before the last group: a consumer may stop at it
-                        dropped, self._ahead = self._ahead, following
-                    if dropped is not None:
-                        dropped.cancel(wait=False)
-                    following = None  # the pool goes with it
-                    handed = True
-                yield group
+            while todo or pending:
+                while todo and len(pending) < depth:
+                    first, stop = todo.popleft()
+                    pending.append(
+                        pool.submit(self.read_group, epoch, first, stop, readers, indices)
+                    )
+                    block = indices.block_of(first)
+                    if indices.starts[block] == first:  # compute the next block while this is read
+                        pool.submit(indices.prepare, block + 1)
+                    if caches:  # read the next window while groups are served from this one
+                        last = min(stop * self.plan.batch_size, self.plan.rows_per_epoch) - 1
+                        ahead = caches[0].order.window_at(last) + 1
+                        if ahead not in warmed:
+                            warmed.add(ahead)
+                            # One thread reads groups and windows in turn: decoding the next
+                            # window here would only hold back the groups of this one, so it is
+                            # only announced (object storage starts fetching it).
+                            read = self.num_threads > 1
+                            for cache in caches:
+                                pool.submit(cache.prefetch_window, ahead, read)
+                yield pending.popleft().result()
         finally:
-            if following is not None:  # stopped before its end: nothing is handed over
-                following.cancel(wait=False)
-            if not handed:
-                run.cancel(wait=True)
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
 
     # -- reading --------------------------------------------------------------------------------
     def read_group(
