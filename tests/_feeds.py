@@ -1,8 +1,12 @@
-"""A :class:`Feed` built as ``from_arrays`` builds it, for tests that look inside one."""
+"""A :class:`Feed` built as ``from_arrays`` builds it, for tests that look inside one; runs of
+the pieces of a range read."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
+
+import numpy as np
 
 from arrayfeed._pipeline.build import build_feed
 from arrayfeed._pipeline.feed import Feed
@@ -34,3 +38,13 @@ def h5_feed(
         start_epoch=start_epoch,
         start_step=0,
     ).feed
+
+
+def piece_runs(pieces: int, rng: np.random.Generator) -> list[list[tuple[int, int]]]:
+    """Ways to cut the pieces ``range(pieces)`` of a range read into runs ``(first, last)``, each
+    way in a shuffled order (window-cache threads read runs in any order): one piece at a time,
+    runs of random lengths, and all at once."""
+    cuts = sorted({0, pieces, *rng.integers(1, max(2, pieces), size=3).tolist()})
+    random_runs = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
+    ways = [[(p, p + 1) for p in range(pieces)], random_runs, [(0, pieces)]]
+    return [[way[i] for i in rng.permutation(len(way))] for way in ways]

@@ -217,8 +217,7 @@ class WindowCache:
         lo, hi, at = window.lo[block], window.hi[block], window.at[block]
         try:
             if pieces > 1 and self._pieces is not None:
-                for piece in range(first, stop):
-                    self._pieces.read_piece_into(lo, hi, piece, window.buffer[at : at + hi - lo])
+                self._pieces.read_pieces_into(lo, hi, first, stop, window.buffer[at : at + hi - lo])
             elif self._range is not None:
                 self._range.read_range_into(lo, hi, window.buffer[at : at + hi - lo])
             else:

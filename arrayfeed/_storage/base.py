@@ -110,11 +110,14 @@ class ReadPiecesInto(Protocol):
     that can be read independently, by different threads at once, each filling its part of
     ``out`` (the buffer of the whole range; C-contiguous, native byte order). Storage that
     decodes chunks splits a range into the chunks it touches, so one large block is decoded on
-    every core instead of one."""
+    every core instead of one. ``read_pieces_into`` reads a run of consecutive pieces
+    ``[first, last)`` in one call, so that what they share (a file read, a copy) is done once."""
 
     def range_pieces(self, start: int, stop: int) -> int: ...
 
-    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None: ...
+    def read_pieces_into(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray
+    ) -> None: ...
 
 
 @runtime_checkable

@@ -10,13 +10,18 @@ Measured on 2 cores (``benchmarks/bench_h5chunks.py``: 20,000 rows of uint8[64, 
 ``chunks=True``, lzf, ``shuffle="block"``, one epoch through the feed): h5py's reads 12 k rows/s
 with 1 or 2 reader threads; raw chunks 18-24 k with one thread and 42-45 k with two.
 
+Block reads ask for runs of a row chunk's chunks at once (:meth:`ChunkFile.read_pieces_into`), so
+the Python work per chunk, which holds the GIL, stays small: chunks stored one after another are
+read with one ``pread``, and chunks that split only axis 1 (a table's columns, as h5py's
+``chunks=True`` cuts a 2-D dataset) are decoded side by side and copied out with one copy.
+
 The values are those h5py returns, bit for bit: chunks never written read as the fill value, a
 fletcher32 checksum is verified as HDF5 verifies it, and a chunk that fails to decode raises
 :class:`~arrayfeed.CorruptDataError` naming the file, the dataset, the chunk and the filter.
-:meth:`ChunkLayout.of` says why not (a string) for anything it does not reproduce exactly, and
-the caller reads through h5py: filters such as szip, scaleoffset or nbit, unknown filter options,
-non-native byte order, compound or string types, drivers other than a plain local file, a file
-open for writing or through SWMR, and a fill time of "never".
+:meth:`.h5layout.ChunkLayout.of` says why not (a string) for anything it does not reproduce
+exactly, and the caller reads through h5py: filters such as szip, scaleoffset or nbit, unknown
+filter options, non-native byte order, compound or string types, drivers other than a plain local
+file, a file open for writing or through SWMR, and a fill time of "never".
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import h5py
@@ -38,104 +42,21 @@ import numpy.typing as npt
 from .._errors import CorruptDataError
 from .._forks import renew_after_fork
 from . import workbuffers
-from .h5codecs import (
-    FILTER_NAMES,
-    ChecksumError,
-    Stage,
-    StageError,
-    Undecodable,
-    decode_chunk,
-    pipeline,
-)
+from .h5codecs import ChecksumError, Stage, StageError, Undecodable, decode_chunk, pipeline
+from .h5layout import ChunkLayout, chunk_index
 
-__all__ = ["ChunkFile", "ChunkLayout"]
+__all__ = ["ChunkFile"]
 
 #: h5py's own lock around every call into HDF5. `read_direct_chunk` did not take it until h5py's
 #: pull request 2764 (December 2025): called while another thread was in HDF5, it failed ("no VOL
 #: object wrap context") or crashed. It is taken here for that call.
 _H5PY_LOCK: Any = getattr(getattr(h5py, "_objects", None), "phil", None) or contextlib.nullcontext()
 
-Filters = tuple[tuple[int, tuple[int, ...], str], ...]
+#: Most bytes of chunks that split only axis 1 decoded side by side before they are copied out.
+STAGE_BYTES = 2 << 20
+
 #: A chunk's coordinates in the chunk grid (chunk units, not elements).
 Coords = tuple[int, ...]
-
-
-def _filters(dataset: h5py.Dataset) -> Filters:
-    """``(id, parameters, name)`` of every filter of ``dataset``, in the order they apply."""
-    plist = dataset.id.get_create_plist()
-    found = []
-    for i in range(plist.get_nfilters()):
-        code, _flags, values, label = plist.get_filter(i)
-        name = FILTER_NAMES.get(code) or label.decode(errors="replace") or f"filter {code}"
-        found.append((int(code), tuple(int(v) for v in values), name))
-    return tuple(found)
-
-
-def _native_type(dataset: h5py.Dataset, dtype: np.dtype[Any]) -> bool:
-    """Whether the stored type is the native in-memory layout of ``dtype`` (so raw bytes are the
-    values, as h5py would return them without conversion)."""
-    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-        return False
-    if dtype.kind not in "biufc" or not dtype.isnative:
-        return False
-    try:
-        return bool(dataset.id.get_type().equal(h5py.h5t.py_create(dtype)))
-    except (TypeError, ValueError):  # pragma: no cover - a type h5py cannot describe
-        return False
-
-
-@dataclass(frozen=True)
-class ChunkLayout:
-    """What reading a chunked dataset's raw chunks needs, all picklable (no handles): the
-    per-process state is a :class:`ChunkFile` from :meth:`open`."""
-
-    filename: str
-    key: str
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-    dtype: np.dtype[Any]
-    fill: Any
-    filters: Filters
-
-    @classmethod
-    def of(cls, dataset: h5py.Dataset) -> ChunkLayout | str:
-        """The layout of ``dataset`` if its raw chunks can be decoded here, else why not."""
-        file = dataset.file
-        if dataset.chunks is None or dataset.is_virtual:
-            return "the dataset is not chunked"
-        if not hasattr(os, "pread"):  # pragma: no cover - Windows
-            return "this platform has no os.pread"
-        if file.driver != "sec2":
-            return f"the file is opened with HDF5's '{file.driver}' driver, not a plain local file"
-        if file.mode != "r" or file.swmr_mode:
-            return "the file is open for writing or through SWMR, so chunks may move"
-        shape = tuple(int(n) for n in dataset.shape)
-        if not shape or 0 in shape:
-            return "the dataset is empty"
-        dtype = np.dtype(dataset.dtype)
-        if not _native_type(dataset, dtype):
-            return f"its type ({dtype}) is not a plain number type in this machine's byte order"
-        plist = dataset.id.get_create_plist()
-        if plist.get_fill_time() == h5py.h5d.FILL_TIME_NEVER:
-            return "its fill time is 'never', so chunks never written hold undefined values"
-        filters = _filters(dataset)
-        stages = pipeline(filters, dtype.itemsize)
-        if isinstance(stages, str):
-            return stages
-        return cls(
-            filename=str(file.filename),
-            key=str(dataset.name),
-            shape=shape,
-            chunks=tuple(int(c) for c in dataset.chunks),
-            dtype=dtype,
-            fill=dataset.fillvalue,
-            filters=filters,
-        )
-
-    def open(self, dataset: h5py.Dataset) -> ChunkFile | str:
-        """This process's reader of the chunks of ``dataset`` (the dataset this layout came
-        from, open here), or why its chunks cannot be read directly after all."""
-        return ChunkFile.open(self, dataset)
 
 
 class ChunkFile:
@@ -157,6 +78,8 @@ class ChunkFile:
         self.name = f"{layout.filename}:{layout.key}"
         self.shape, self.chunks, self.dtype = layout.shape, layout.chunks, layout.dtype
         self.offsets, self.sizes, self.masks = index
+        self._index = index
+        self._skip_all = (1 << len(self.stages)) - 1  # a chunk's mask when no filter applied
         self.nbytes = math.prod(self.chunks) * self.dtype.itemsize
         self.decoded = 0  # chunks decoded here (for tests and benchmarks)
         self.via_hdf5 = 0  # chunks read through h5py instead (a form not decoded here)
@@ -173,8 +96,12 @@ class ChunkFile:
                 for i, size, n in zip(rest, self.chunks[1:], self.shape[1:], strict=True)
             )
             self._rest.append((rest, region))
-        # Chunks hold whole rows: a run of whole chunks is one contiguous stretch of the output.
+        # Chunks hold whole rows: a whole chunk is one contiguous stretch of the output.
         self._whole_rows = self.chunks[1:] == self.shape[1:]
+        # Chunks split axis 1 alone: those of a row chunk are decoded side by side.
+        self._columns = len(self._rest) > 1 and self.chunks[2:] == self.shape[2:]
+        #: Most chunks decoded side by side at once (a few MiB, to stay in the CPU's caches).
+        self._stage_chunks = max(1, STAGE_BYTES // self.nbytes)
 
     @classmethod
     def open(cls, layout: ChunkLayout, dataset: h5py.Dataset) -> ChunkFile | str:
@@ -189,7 +116,7 @@ class ChunkFile:
             if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
                 os.close(fd)
                 return "the file at its path is no longer the file h5py has open"
-            index = _chunk_index(dataset, layout.shape, layout.chunks)
+            index = chunk_index(dataset, layout.shape, layout.chunks)
             reader = cls(layout, dataset, fd, stages, index)
         except BaseException:
             os.close(fd)
@@ -233,89 +160,75 @@ class ChunkFile:
     def _chunk(self, coords: Coords, region: tuple[slice, ...]) -> Iterator[np.ndarray]:
         """The part of chunk ``coords`` in ``region``, decoded, while the block runs: it may lie
         in work buffers (:mod:`.workbuffers`) that are lent to other reads afterwards."""
-        inside = tuple(slice(0, r.stop - r.start) for r in region)
         offset = int(self.offsets[coords])
         if offset < 0:  # never written: the fill value, as HDF5 reads it
-            yield self._fill_chunk()[inside]
+            yield self._fill_chunk()[tuple(slice(0, r.stop - r.start) for r in region)]
             return
         size, mask = int(self.sizes[coords]), int(self.masks[coords])
-        applied = any(not mask >> i & 1 for i in range(len(self.stages)))
-        if applied and size == self.nbytes and self._partial(region):
-            # An edge chunk stored at exactly its raw size may have been written unfiltered
-            # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
-            # let HDF5, which knows, read it.
-            yield self._via_hdf5(region)
-            return
         # Lent: the stored bytes when they are large, and a buffer for the decoded chunk when
         # the stage that yields it can write into one.
         first = next((st for i, st in enumerate(self.stages) if not mask >> i & 1), None)
-        into = first is not None and first.into is not None
-        stored = workbuffers.work.take(size) if size >= workbuffers.MIN_BYTES else None
-        decoded = (
-            workbuffers.work.take(self.nbytes)
-            if into and self.nbytes >= workbuffers.MIN_BYTES
-            else None
-        )
+        stored = _lend(size)
+        decoded = _lend(self.nbytes) if first is not None and first.into is not None else None
         try:
-            data: Any
-            if stored is None:
-                data = self._pread(coords, size, offset)
-            else:
-                self._pread(coords, size, offset, into=stored[:size])
-                data = stored.data[:size]  # bytes to the codecs: imagecodecs reads arrays as arrays
-            out = decoded[: self.nbytes] if decoded is not None else None
-            try:
-                raw = decode_chunk(self.stages, data, mask, self.nbytes, out=out)
-            except Undecodable:
-                raw = None
-            except StageError as exc:
-                raise self._corrupt(coords, exc) from exc.error
-            if raw is None:
-                yield self._via_hdf5(region)
-                return
-            with self._lock:
-                self.decoded += 1
-            yield np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)[inside]
+            data = self._pread(coords, size, offset, stored)
+            values, ours = self._decode(coords, data, mask, region, decoded)
+            if ours:
+                with self._lock:
+                    self.decoded += 1
+            yield values
         finally:
-            workbuffers.work.give(stored, decoded)
+            _give(stored, decoded)
 
-    def _partial(self, region: tuple[slice, ...]) -> bool:
-        return any(r.stop - r.start < k for r, k in zip(region, self.chunks, strict=True))
+    def _decode(
+        self, coords: Coords, data: Any, mask: int, region: tuple[slice, ...], out: Any
+    ) -> tuple[np.ndarray, bool]:
+        """The part in ``region`` of chunk ``coords``, decoded from its stored bytes ``data``,
+        and whether it was decoded here (False: read through h5py). The decoded chunk may be
+        written into ``out`` (a C-contiguous array of at least :attr:`nbytes` bytes, or None)."""
+        inside = tuple(slice(0, r.stop - r.start) for r in region)
+        if (
+            mask & self._skip_all != self._skip_all
+            and len(data) == self.nbytes
+            and any(r.stop - r.start < k for r, k in zip(region, self.chunks, strict=True))
+        ):
+            # An edge chunk stored at exactly its raw size may have been written unfiltered
+            # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
+            # let HDF5, which knows, read it.
+            return self._via_hdf5(region), False
+        if out is not None:
+            out = out.reshape(-1).view(np.uint8)[: self.nbytes]
+        try:
+            raw = decode_chunk(self.stages, data, mask, self.nbytes, out=out)
+        except Undecodable:
+            return self._via_hdf5(region), False
+        except StageError as exc:
+            raise self._corrupt(coords, exc) from exc.error
+        return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)[inside], True
 
-    def _pread(self, coords: Coords, size: int, offset: int, into: np.ndarray | None = None) -> Any:
-        """``size`` bytes at ``offset``, in ``into`` (C-contiguous) if given."""
-        if into is None:
-            data: Any = os.pread(self.fd, size, offset)
-            got = len(data)
-        else:
-            data = into
-            got = os.preadv(self.fd, [into.reshape(-1).view(np.uint8).data], offset)
-        if got != size:
+    def _pread(self, coords: Coords, size: int, offset: int, into: np.ndarray) -> memoryview:
+        """``size`` bytes at ``offset`` read into the first ``size`` bytes of ``into``
+        (C-contiguous), as a memoryview of them (codecs read an ndarray as an array of its
+        dtype, a memoryview as bytes)."""
+        return self._pread_run([coords], [size], [offset], into)
+
+    def _pread_run(
+        self, coords: Sequence[Coords], sizes: Sequence[int], offsets: Sequence[int], into: Any
+    ) -> memoryview:
+        """The stored bytes of chunks ``coords`` (one after another in the file), read with one
+        call into ``into`` as for :meth:`_pread`; a file cut short names the chunk it cuts."""
+        total = offsets[-1] + sizes[-1] - offsets[0]
+        data: memoryview = into.reshape(-1).view(np.uint8)[:total].data
+        got = os.preadv(self.fd, [data], offsets[0])
+        if got != total:
+            x = next(x for x in range(len(coords)) if offsets[x] + sizes[x] > offsets[0] + got)
+            have = max(0, offsets[0] + got - offsets[x])
             raise CorruptDataError(
-                f"chunk {coords} of HDF5 dataset '{self.name}' is cut short: {got} of {size} "
-                f"bytes at byte {offset}; the file was truncated. Restore it from a backup or "
-                "re-create it."
+                f"chunk {coords[x]} of HDF5 dataset '{self.name}' is cut short: {have} of "
+                f"{sizes[x]} bytes at byte {offsets[x]}; the file was truncated. Restore it "
+                "from a backup or re-create it."
             )
         return data
-
-    def _whole_into(self, c: int, dest: np.ndarray) -> bool:
-        """Read row chunk ``c`` (whole rows, all inside the dataset) straight into ``dest``
-        when no filter applies to it; False when it needs decoding."""
-        coords = (c, *[0] * (len(self.chunks) - 1))
-        offset = int(self.offsets[coords])
-        if offset < 0:
-            dest[...] = self.layout.fill
-            return True
-        size, mask = int(self.sizes[coords]), int(self.masks[coords])
-        if any(not mask >> i & 1 for i in range(len(self.stages))):
-            return False
-        if size != self.nbytes:
-            error = StageError(None, ValueError(f"{size} bytes stored, expected {self.nbytes}"))
-            raise self._corrupt(coords, error)
-        self._pread(coords, size, offset, into=dest)
-        with self._lock:
-            self.decoded += 1
-        return True
 
     def _fill_chunk(self) -> np.ndarray:
         if self._fill is None:
@@ -343,49 +256,141 @@ class ChunkFile:
         )
 
     # -- rows -----------------------------------------------------------------------------------
-    def _row_chunks(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-        """``(chunk, lo, hi)``: the row chunks that rows ``[start, stop)`` touch, and the rows
-        of each."""
-        rows = self.chunks[0]
-        for c in range(start // rows, (stop - 1) // rows + 1):
-            yield c, max(start, c * rows), min(stop, (c + 1) * rows)
-
     def _rows_region(self, c: int) -> slice:
         rows = self.chunks[0]
         return slice(c * rows, min((c + 1) * rows, self.shape[0]))
 
     def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)`` into ``out`` (shape ``(stop - start, *shape[1:])``)."""
-        rows = self.chunks[0]
-        direct = self._whole_rows and out.flags.c_contiguous and hasattr(os, "preadv")
-        for c, lo, hi in self._row_chunks(start, stop):
-            dest = out[lo - start : hi - start]
-            if direct and hi - lo == rows and self._whole_into(c, dest):
-                continue
-            local = slice(lo - c * rows, hi - c * rows)
-            row_region = self._rows_region(c)
-            for rest, region in self._rest:
-                with self._chunk((c, *rest), (row_region, *region)) as chunk:
-                    dest[(slice(None), *region)] = chunk[local]
+        self.read_pieces_into(start, stop, 0, self.range_pieces(start, stop), out)
 
     def range_pieces(self, start: int, stop: int) -> int:
-        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them."""
+        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them, numbered
+        row chunk by row chunk, in the order of :attr:`_rest` within each."""
         rows = self.chunks[0]
         return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
 
-    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
-        """Read and decode piece ``piece`` (one chunk) of rows ``[start, stop)`` into its part of
-        ``out``, which holds those rows (see :meth:`range_pieces`)."""
+    def read_pieces_into(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray
+    ) -> None:
+        """Read and decode pieces ``[first, last)`` (chunks, see :meth:`range_pieces`) of rows
+        ``[start, stop)`` into their parts of ``out``, which holds those rows (C-contiguous).
+
+        The hot path of block reads, so the work per chunk that holds the GIL is kept small:
+        the chunks of a row chunk that lie one after another in the file are read with one
+        ``pread``, and chunks that split only axis 1 (a table's columns, as h5py's
+        ``chunks=True`` cuts a 2-D dataset) are decoded side by side and copied out with one
+        copy, which writes each row's columns together rather than one column at a time.
+        """
         rows, per_row = self.chunks[0], len(self._rest)
-        c = start // rows + piece // per_row
-        lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
-        dest = out[lo - start : hi - start]
-        direct = self._whole_rows and out.flags.c_contiguous and hasattr(os, "preadv")
-        if direct and hi - lo == rows and self._whole_into(c, dest):
-            return
-        rest, region = self._rest[piece % per_row]
-        with self._chunk((c, *rest), (self._rows_region(c), *region)) as chunk:
-            dest[(slice(None), *region)] = chunk[lo - c * rows : hi - c * rows]
+        p = first
+        while p < last:
+            c, j = divmod(p, per_row)
+            c += start // rows
+            k = min(per_row - j, last - p)
+            if self._columns:
+                k = min(k, self._stage_chunks)
+            lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+            local = slice(lo - c * rows, hi - c * rows)
+            self._read_run(c, j, k, local, out[lo - start : hi - start])
+            p += k
+
+    def _read_run(self, c: int, j: int, k: int, local: slice, dest: np.ndarray) -> None:
+        """Chunks ``j .. j + k`` (in :attr:`_rest` order) of row chunk ``c``: their rows
+        ``local`` into ``dest`` (the rows of ``out`` they fill)."""
+        offsets, sizes, masks = (a[c].reshape(-1)[j : j + k].tolist() for a in self._index)
+        rows_region = self._rows_region(c)
+        whole = local.stop - local.start == self.chunks[0]
+        # Where each chunk is decoded: side by side in `staged` (column chunks), straight into
+        # `dest` (a whole chunk of whole rows), or in `scratch`, then copied out.
+        staged = scratch = None
+        if self._columns and k > 1:
+            staged = _lend(k * self.nbytes)
+            slots = staged[: k * self.nbytes].view(self.dtype)
+            targets = list(slots.reshape(k, *self.chunks))
+        elif self._whole_rows and whole and dest.flags.c_contiguous:
+            targets = [dest]
+        else:
+            scratch = _lend(self.nbytes)
+            targets = [None] * k
+        decoded = 0
+        try:
+            i = 0
+            while i < k:
+                e = i + 1  # chunks i .. e - 1 lie one after another in the file
+                while e < k and offsets[i] >= 0 and offsets[e] == offsets[e - 1] + sizes[e - 1]:
+                    e += 1
+                total = offsets[e - 1] + sizes[e - 1] - offsets[i]
+                run = [(c, *self._rest[j + x][0]) for x in range(i, e)]
+                if (
+                    offsets[i] >= 0
+                    and targets[i] is not None
+                    and all(m & self._skip_all == self._skip_all for m in masks[i:e])
+                    and total == (e - i) * self.nbytes
+                ):  # no filter applied: the stored bytes are the values, read into place
+                    span = (
+                        slots[i * self.nbytes // self.dtype.itemsize :]
+                        if staged is not None
+                        else dest
+                    )
+                    self._pread_run(run, sizes[i:e], offsets[i:e], span)
+                    decoded += e - i
+                    i = e
+                    continue
+                stored = data = None
+                if offsets[i] >= 0:
+                    stored = _lend(total)
+                    data = self._pread_run(run, sizes[i:e], offsets[i:e], stored)
+                try:
+                    for x in range(i, e):
+                        region = self._rest[j + x][1]
+                        chunk_region = (rows_region, *region)
+                        if data is None:  # never written: the fill value, as HDF5 reads it
+                            values = self._fill_chunk()[
+                                tuple(slice(0, r.stop - r.start) for r in chunk_region)
+                            ]
+                        else:
+                            at = offsets[x] - offsets[i]
+                            values, ours = self._decode(
+                                run[x - i],
+                                data[at : at + sizes[x]],
+                                masks[x],
+                                chunk_region,
+                                targets[x] if targets[x] is not None else scratch,
+                            )
+                            decoded += ours
+                        target = targets[x]
+                        if target is None:
+                            dest[(slice(None), *region)] = values[local]
+                        elif not np.may_share_memory(values, target):
+                            target[tuple(slice(0, n) for n in values.shape)] = values
+                finally:
+                    _give(stored)
+                i = e
+            if staged is not None:
+                self._columns_out(slots.reshape(k, *self.chunks), j, local, dest)
+        finally:
+            _give(staged, scratch)
+            if decoded:
+                with self._lock:
+                    self.decoded += decoded
+
+    def _columns_out(self, chunks: np.ndarray, j: int, local: slice, dest: np.ndarray) -> None:
+        """Rows ``local`` of ``chunks`` (decoded side by side; chunks ``j ..`` along axis 1,
+        which alone is split) into ``dest``: one copy for the chunks inside the dataset."""
+        k, width = len(chunks), self.chunks[1]
+        first = j * width
+        inside = min(k, (self.shape[1] - first) // width)
+        if inside:
+            part = dest[:, first : first + inside * width]
+            strides = (part.strides[0], width * part.strides[1], *part.strides[1:])
+            split = np.lib.stride_tricks.as_strided(
+                part, (len(part), inside, width, *part.shape[2:]), strides, writeable=True
+            )
+            split[...] = chunks[:inside, local].swapaxes(0, 1)
+        if inside < k:  # the last chunk reaches past the dataset's last column
+            edge = dest[:, first + inside * width :]
+            edge[...] = chunks[inside, local, : edge.shape[1]]
 
     def read(self, indices: npt.NDArray[np.int64], out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``indices`` (sorted, unique), in ``out`` if given, else in a new array. Every
@@ -412,25 +417,15 @@ class ChunkFile:
         return out
 
 
-def _chunk_index(
-    dataset: h5py.Dataset, shape: tuple[int, ...], chunks: tuple[int, ...]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Byte offset (-1: never written), stored size and filter mask of every chunk, as arrays
-    shaped like the chunk grid; from h5py, once."""
-    grid = tuple(-(-n // c) for n, c in zip(shape, chunks, strict=True))
-    offsets = np.full(grid, -1, dtype=np.int64)
-    sizes = np.zeros(grid, dtype=np.int64)
-    masks = np.zeros(grid, dtype=np.uint32)
+def _lend(nbytes: int) -> np.ndarray:
+    """A byte buffer of at least ``nbytes``: lent by :mod:`.workbuffers` when large."""
+    if nbytes >= workbuffers.MIN_BYTES:
+        return workbuffers.work.take(nbytes)
+    return np.empty(nbytes, dtype=np.uint8)
 
-    def add(info: Any) -> None:
-        coords = tuple(int(o) // c for o, c in zip(info.chunk_offset, chunks, strict=True))
-        if all(i < g for i, g in zip(coords, grid, strict=True)):  # not beyond a shrunk shape
-            offsets[coords], sizes[coords] = int(info.byte_offset), int(info.size)
-            masks[coords] = int(info.filter_mask)
 
-    if hasattr(dataset.id, "chunk_iter"):  # HDF5 >= 1.12.3: one pass
-        dataset.id.chunk_iter(add)
-    else:  # pragma: no cover - older HDF5
-        for i in range(dataset.id.get_num_chunks()):
-            add(dataset.id.get_chunk_info(i))
-    return offsets, sizes, masks
+def _give(*buffers: np.ndarray | None) -> None:
+    """Give back the buffers :func:`_lend` lent (the small ones it allocated are dropped)."""
+    workbuffers.work.give(
+        *(b for b in buffers if b is not None and b.nbytes >= workbuffers.MIN_BYTES)
+    )

@@ -32,8 +32,9 @@ from .._forks import renew_after_fork
 from .base import Indices, Source, run_bounds
 from .cf import CFSource, cf_decoding, is_dimension_placeholder, netcdf3_error
 from .fingerprint import Fingerprint
-from .h5chunks import ChunkFile, ChunkLayout
+from .h5chunks import ChunkFile
 from .h5codecs import FILTER_NAMES
+from .h5layout import ChunkLayout
 from .memory import MappedSource
 from .record import MARKER, ConversionRecord, parse_record
 
@@ -153,7 +154,7 @@ class H5Source:
                 if self._chunk_reader is None or self._reader_pid != os.getpid():
                     dataset = self.dataset
                     layout = ChunkLayout.of(dataset)
-                    opened = layout if isinstance(layout, str) else layout.open(dataset)
+                    opened = layout if isinstance(layout, str) else ChunkFile.open(layout, dataset)
                     self._chunk_reader, self._reader_pid = opened, os.getpid()
                 reader = self._chunk_reader
         return reader if isinstance(reader, ChunkFile) else None
@@ -242,12 +243,14 @@ class H5Source:
         reader = self.chunk_reader()
         return reader.range_pieces(start, stop) if reader is not None else 1
 
-    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
-        """Piece ``piece`` of reading rows ``[start, stop)`` into ``out`` (see
+    def read_pieces_into(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray
+    ) -> None:
+        """Pieces ``[first, last)`` of reading rows ``[start, stop)`` into ``out`` (see
         :meth:`range_pieces`)."""
         reader = self.chunk_reader()
         if reader is not None:
-            reader.read_piece_into(start, stop, piece, out)
+            reader.read_pieces_into(start, stop, first, last, out)
         else:
             self.read_range_into(start, stop, out)
 

@@ -117,14 +117,16 @@ class ZarrSource:
         """Chunks rows ``[start, stop)`` touch when read chunk by chunk, else one piece."""
         return self.chunk_reader.range_pieces(start, stop) if self.chunk_reader else 1
 
-    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
-        """Piece ``piece`` of reading rows ``[start, stop)`` into ``out`` (see
+    def read_pieces_into(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray
+    ) -> None:
+        """Pieces ``[first, last)`` of reading rows ``[start, stop)`` into ``out`` (see
         :meth:`range_pieces`)."""
         if self.chunk_reader is None:
             self.read_range_into(start, stop, out)
             return
         try:
-            self.chunk_reader.read_piece_into(start, stop, piece, out)
+            self.chunk_reader.read_pieces_into(start, stop, first, last, out)
         except (ArrayfeedError, MemoryError):
             raise
         except Exception as exc:  # a store error: name the chunk

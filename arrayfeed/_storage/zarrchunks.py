@@ -370,21 +370,24 @@ class ChunkReader:
         rows = self.chunks[0]
         return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
 
-    def read_piece_into(self, start: int, stop: int, piece: int, out: np.ndarray) -> None:
-        """Read and decode piece ``piece`` (one chunk) of rows ``[start, stop)`` into its part of
-        ``out``, which holds those rows."""
+    def read_pieces_into(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray
+    ) -> None:
+        """Read and decode pieces ``[first, last)`` (chunks, see :meth:`range_pieces`) of rows
+        ``[start, stop)`` into their parts of ``out``, which holds those rows."""
         rows, per_row = self.chunks[0], len(self._rest)
-        c = start // rows + piece // per_row
-        rest, region, inner = self._rest[piece % per_row]
-        lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
-        if self.fetcher is not None:  # the whole range in flight, not just this piece
+        if self.fetcher is not None:  # the whole range in flight, not just these pieces
             self.fetcher.fetch(self._keys(start, stop))
-        self._copy_chunk(
-            (c, *rest),
-            (slice(lo - c * rows, hi - c * rows), *inner),
-            out,
-            (slice(lo - start, hi - start), *region),
-        )
+        for piece in range(first, last):
+            c = start // rows + piece // per_row
+            rest, region, inner = self._rest[piece % per_row]
+            lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+            self._copy_chunk(
+                (c, *rest),
+                (slice(lo - c * rows, hi - c * rows), *inner),
+                out,
+                (slice(lo - start, hi - start), *region),
+            )
 
     def _copy_chunk(
         self, coords: tuple[int, ...], part: tuple[Any, ...], out: np.ndarray, at: tuple[Any, ...]
