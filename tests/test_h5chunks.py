@@ -789,25 +789,76 @@ def test_reading_a_chunk_through_hdf5_holds_h5pys_lock(
 
 
 # -- runs of chunks -----------------------------------------------------------------------------
+def _count_preadv(monkeypatch: pytest.MonkeyPatch, cap: int | None = None) -> list[int]:
+    """The offsets of every ``os.preadv`` call from now on; each moves at most ``cap`` bytes
+    (as Linux moves at most ~2 GiB), if given."""
+    calls: list[int] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[Any], at: int) -> int:
+        calls.append(at)
+        view = memoryview(buffers[0]).cast("B")
+        return real(fd, [view[:cap] if cap else view], at)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    return calls
+
+
 @pytest.mark.parametrize("compression", [None, "gzip"])
-def test_a_row_chunks_chunks_stored_in_order_are_read_with_one_call(
-    tmp_path: Path, compression: str | None, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("chunks", "reads"), [((10, 3), 4), ((10, 12), 1)])
+def test_chunks_stored_in_order_are_read_with_one_call(
+    tmp_path: Path,
+    compression: str | None,
+    chunks: tuple[int, int],
+    reads: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """h5py stores a dataset written whole chunk after chunk, in grid order: a block read makes
-    one ``preadv`` per row chunk, not one per chunk (each call hands the GIL over and back)."""
+    one ``preadv`` per row chunk of column chunks (decoded side by side), one for the whole
+    range of whole-row chunks; not one per chunk (each call hands the GIL over and back)."""
     path = tmp_path / "a.h5"
-    _write(path, _values("float32", (40, 12)), (10, 3), {"compression": compression})
+    _write(path, _values("float32", (40, 12)), chunks, {"compression": compression})
     src = _source(path)
     assert src.chunk_reader() is not None
-    calls = []
-    real = os.preadv
-    monkeypatch.setattr(
-        os, "preadv", lambda fd, buffers, at: calls.append(at) or real(fd, buffers, at)
-    )
+    calls = _count_preadv(monkeypatch)
     out = np.empty((40, 12), np.float32)
     src.read_pieces_into(0, 40, 0, src.range_pieces(0, 40), out)
     _assert_same(out, _reference(path))
-    assert len(calls) == 4  # 4 row chunks of 4 chunks each
+    assert len(calls) == reads
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+@pytest.mark.parametrize("chunks", [(10, 3), (10, 12), (10, 5)])
+def test_short_reads_are_read_on(
+    tmp_path: Path,
+    compression: str | None,
+    chunks: tuple[int, int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call may move fewer bytes than asked (Linux moves at most ~2 GiB): the rest is read on,
+    not taken for a truncated file."""
+    path = tmp_path / "a.h5"
+    _write(path, _values("float32", (40, 12)), chunks, {"compression": compression})
+    src = _source(path)
+    assert src.chunk_reader() is not None
+    calls = _count_preadv(monkeypatch, cap=100)
+    _check_reads(src, _reference(path), chunks[0])
+    assert len(calls) > 40  # cut short again and again
+
+
+def test_raw_chunks_whose_wrong_sizes_add_up_are_named(tmp_path: Path) -> None:
+    """Two chunks stored unfiltered side by side, 8 bytes too long and 8 too short: together
+    the size of two chunks, but each the wrong size."""
+    path = tmp_path / "a.h5"
+    a = np.arange(64, dtype="f4").reshape(8, 8)
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", shape=(8, 8), dtype="f4", chunks=(8, 4), compression="gzip")
+        d.id.write_direct_chunk((0, 0), a[:, :4].tobytes() + b"\0" * 8, filter_mask=1)
+        d.id.write_direct_chunk((0, 4), a[:, 4:].tobytes()[:-8], filter_mask=1)
+    src = _source(path)
+    assert src.read_path == "chunks"
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(0, 0\).*wrong size \(136 bytes"):
+        src.read_run(0, 8)
 
 
 @pytest.mark.parametrize("compression", [None, "gzip", "lzf"])
@@ -833,11 +884,7 @@ def test_chunks_stored_out_of_order_read_correctly(
     reader = src.chunk_reader()
     assert reader is not None
     assert (np.diff(reader.offsets, axis=1) < 0).any()  # stored out of order
-    calls = []
-    real = os.preadv
-    monkeypatch.setattr(
-        os, "preadv", lambda fd, buffers, at: calls.append(at) or real(fd, buffers, at)
-    )
+    calls = _count_preadv(monkeypatch)
     ref = _reference(path)
     for runs in piece_runs(src.range_pieces(0, 40), np.random.default_rng(2)):
         out = np.empty_like(ref)

@@ -54,6 +54,8 @@ _H5PY_LOCK: Any = getattr(getattr(h5py, "_objects", None), "phil", None) or cont
 
 #: Most bytes of chunks that split only axis 1 decoded side by side before they are copied out.
 STAGE_BYTES = 2 << 20
+#: Most stored bytes read with one call (chunks stored one after another).
+RUN_BYTES = 4 << 20
 
 #: A chunk's coordinates in the chunk grid (chunk units, not elements).
 Coords = tuple[int, ...]
@@ -78,7 +80,8 @@ class ChunkFile:
         self.name = f"{layout.filename}:{layout.key}"
         self.shape, self.chunks, self.dtype = layout.shape, layout.chunks, layout.dtype
         self.offsets, self.sizes, self.masks = index
-        self._index = index
+        # [offset, size, filter mask] of every chunk, by its index in the flattened grid.
+        self._table = np.stack([a.reshape(-1).astype(np.int64) for a in index], axis=1)
         self._skip_all = (1 << len(self.stages)) - 1  # a chunk's mask when no filter applied
         self.nbytes = math.prod(self.chunks) * self.dtype.itemsize
         self.decoded = 0  # chunks decoded here (for tests and benchmarks)
@@ -168,7 +171,7 @@ class ChunkFile:
         # Lent: the stored bytes when they are large, and a buffer for the decoded chunk when
         # the stage that yields it can write into one.
         first = next((st for i, st in enumerate(self.stages) if not mask >> i & 1), None)
-        stored = _lend(size)
+        stored = workbuffers.work.take(size) if size >= workbuffers.MIN_BYTES else None
         decoded = _lend(self.nbytes) if first is not None and first.into is not None else None
         try:
             data = self._pread(coords, size, offset, stored)
@@ -181,9 +184,10 @@ class ChunkFile:
             _give(stored, decoded)
 
     def _decode(
-        self, coords: Coords, data: Any, mask: int, region: tuple[slice, ...], out: Any
+        self, coords: Coords | int, data: Any, mask: int, region: tuple[slice, ...], out: Any
     ) -> tuple[np.ndarray, bool]:
-        """The part in ``region`` of chunk ``coords``, decoded from its stored bytes ``data``,
+        """The part in ``region`` of chunk ``coords`` (or index ``coords`` of the flattened
+        chunk grid), decoded from its stored bytes ``data``,
         and whether it was decoded here (False: read through h5py). The decoded chunk may be
         written into ``out`` (a C-contiguous array of at least :attr:`nbytes` bytes, or None)."""
         inside = tuple(slice(0, r.stop - r.start) for r in region)
@@ -203,32 +207,47 @@ class ChunkFile:
         except Undecodable:
             return self._via_hdf5(region), False
         except StageError as exc:
-            raise self._corrupt(coords, exc) from exc.error
+            where = self._coords(coords) if isinstance(coords, int) else coords
+            raise self._corrupt(where, exc) from exc.error
         return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)[inside], True
 
-    def _pread(self, coords: Coords, size: int, offset: int, into: np.ndarray) -> memoryview:
-        """``size`` bytes at ``offset`` read into the first ``size`` bytes of ``into``
-        (C-contiguous), as a memoryview of them (codecs read an ndarray as an array of its
-        dtype, a memoryview as bytes)."""
-        return self._pread_run([coords], [size], [offset], into)
+    def _pread(self, coords: Coords, size: int, offset: int, into: Any = None) -> Any:
+        """``size`` bytes at ``offset``: read into the first ``size`` bytes of ``into``
+        (C-contiguous) and returned as a memoryview of them (codecs read an ndarray as an array
+        of its dtype, a memoryview as bytes), or as ``bytes`` without ``into``."""
+        if into is None:
+            data = os.pread(self.fd, size, offset)
+            if len(data) != size:
+                raise self._cut_short(coords, len(data), size, offset)
+            return data
+        return self._pread_run(coords, [(offset, size)], into)
 
-    def _pread_run(
-        self, coords: Sequence[Coords], sizes: Sequence[int], offsets: Sequence[int], into: Any
-    ) -> memoryview:
-        """The stored bytes of chunks ``coords`` (one after another in the file), read with one
-        call into ``into`` as for :meth:`_pread`; a file cut short names the chunk it cuts."""
-        total = offsets[-1] + sizes[-1] - offsets[0]
+    def _pread_run(self, first: Coords | int, stored: Sequence[Any], into: Any) -> memoryview:
+        """The stored bytes of chunks ``stored`` (``(offset, size, ...)`` each, one after
+        another in the file) from chunk ``first`` on (or from index ``first`` of the flattened
+        chunk grid), read with one call into ``into`` as for :meth:`_pread`."""
+        at = stored[0][0]
+        total = stored[-1][0] + stored[-1][1] - at
         data: memoryview = into.reshape(-1).view(np.uint8)[:total].data
-        got = os.preadv(self.fd, [data], offsets[0])
-        if got != total:
-            x = next(x for x in range(len(coords)) if offsets[x] + sizes[x] > offsets[0] + got)
-            have = max(0, offsets[0] + got - offsets[x])
-            raise CorruptDataError(
-                f"chunk {coords[x]} of HDF5 dataset '{self.name}' is cut short: {have} of "
-                f"{sizes[x]} bytes at byte {offsets[x]}; the file was truncated. Restore it "
-                "from a backup or re-create it."
-            )
+        got = os.preadv(self.fd, [data], at)
+        while 0 < got < total:  # a call moves at most ~2 GiB on Linux
+            more = os.preadv(self.fd, [data[got:]], at + got)
+            if not more:
+                break
+            got += more
+        if got != total:  # name the chunk the file's end cuts
+            x = next(x for x, (o, n, *_) in enumerate(stored) if o + n > at + got)
+            coords = self._coords(first + x) if isinstance(first, int) else first
+            offset, size = stored[x][:2]
+            raise self._cut_short(coords, max(0, at + got - offset), size, offset)
         return data
+
+    def _cut_short(self, coords: Coords, got: int, size: int, offset: int) -> CorruptDataError:
+        return CorruptDataError(
+            f"chunk {coords} of HDF5 dataset '{self.name}' is cut short: {got} of {size} "
+            f"bytes at byte {offset}; the file was truncated. Restore it from a backup or "
+            "re-create it."
+        )
 
     def _fill_chunk(self) -> np.ndarray:
         if self._fill is None:
@@ -265,8 +284,8 @@ class ChunkFile:
         self.read_pieces_into(start, stop, 0, self.range_pieces(start, stop), out)
 
     def range_pieces(self, start: int, stop: int) -> int:
-        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them, numbered
-        row chunk by row chunk, in the order of :attr:`_rest` within each."""
+        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them, in the
+        chunk grid's C order (row chunk by row chunk)."""
         rows = self.chunks[0]
         return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
 
@@ -274,106 +293,124 @@ class ChunkFile:
         self, start: int, stop: int, first: int, last: int, out: np.ndarray
     ) -> None:
         """Read and decode pieces ``[first, last)`` (chunks, see :meth:`range_pieces`) of rows
-        ``[start, stop)`` into their parts of ``out``, which holds those rows (C-contiguous).
+        ``[start, stop)`` into their parts of ``out``, which holds those rows.
 
         The hot path of block reads, so the work per chunk that holds the GIL is kept small:
-        the chunks of a row chunk that lie one after another in the file are read with one
-        ``pread``, and chunks that split only axis 1 (a table's columns, as h5py's
-        ``chunks=True`` cuts a 2-D dataset) are decoded side by side and copied out with one
-        copy, which writes each row's columns together rather than one column at a time.
+        chunks stored one after another are read with one ``preadv`` (straight into ``out`` when
+        they are whole rows stored unfiltered), and chunks that split only axis 1 (a table's
+        columns, as h5py's ``chunks=True`` cuts a 2-D dataset) are decoded side by side and
+        copied out with one copy, which writes each row's columns together rather than one
+        column at a time.
         """
         rows, per_row = self.chunks[0], len(self._rest)
+        g = start // rows * per_row  # piece 0's index in the chunk grid, flattened
+        if not self._columns:
+            self._read_chunks(start, stop, g + first, g + last, out, None)
+            return
         p = first
-        while p < last:
-            c, j = divmod(p, per_row)
-            c += start // rows
-            k = min(per_row - j, last - p)
-            if self._columns:
-                k = min(k, self._stage_chunks)
-            lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
-            local = slice(lo - c * rows, hi - c * rows)
-            self._read_run(c, j, k, local, out[lo - start : hi - start])
+        while p < last:  # a row chunk's columns side by side, a few MiB at a time
+            j = p % per_row
+            k = min(per_row - j, last - p, self._stage_chunks)
+            if k == 1:
+                self._read_chunks(start, stop, g + p, g + p + 1, out, None)
+            else:
+                staged = _lend(k * self.nbytes)
+                try:
+                    slots = staged[: k * self.nbytes].view(self.dtype).reshape(k, *self.chunks)
+                    self._read_chunks(start, stop, g + p, g + p + k, out, slots)
+                    c = (g + p) // per_row
+                    lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+                    local = slice(lo - c * rows, hi - c * rows)
+                    self._columns_out(slots, j, local, out[lo - start : hi - start])
+                finally:
+                    _give(staged)
             p += k
 
-    def _read_run(self, c: int, j: int, k: int, local: slice, dest: np.ndarray) -> None:
-        """Chunks ``j .. j + k`` (in :attr:`_rest` order) of row chunk ``c``: their rows
-        ``local`` into ``dest`` (the rows of ``out`` they fill)."""
-        offsets, sizes, masks = (a[c].reshape(-1)[j : j + k].tolist() for a in self._index)
-        rows_region = self._rows_region(c)
-        whole = local.stop - local.start == self.chunks[0]
-        # Where each chunk is decoded: side by side in `staged` (column chunks), straight into
-        # `dest` (a whole chunk of whole rows), or in `scratch`, then copied out.
-        staged = scratch = None
-        if self._columns and k > 1:
-            staged = _lend(k * self.nbytes)
-            slots = staged[: k * self.nbytes].view(self.dtype)
-            targets = list(slots.reshape(k, *self.chunks))
-        elif self._whole_rows and whole and dest.flags.c_contiguous:
-            targets = [dest]
-        else:
-            scratch = _lend(self.nbytes)
-            targets = [None] * k
+    def _read_chunks(
+        self, start: int, stop: int, ga: int, gb: int, out: np.ndarray, slots: Any
+    ) -> None:
+        """Chunks ``ga .. gb - 1`` (indices into the flattened chunk grid) of the read of rows
+        ``[start, stop)``: each decoded into its slot of ``slots`` (an array of chunks) when
+        given, else into its part of ``out``."""
+        rows, per_row, nbytes, raw = self.chunks[0], len(self._rest), self.nbytes, self._skip_all
+        table = self._table[ga:gb].tolist()  # [offset, size, filter mask] of each chunk
+        # Chunks of whole rows all inside [start, stop) are decoded straight into `out`.
+        whole_rows = self._whole_rows and slots is None and out.flags.c_contiguous
+        scratch = None
         decoded = 0
         try:
-            i = 0
+            i, k = 0, gb - ga
             while i < k:
-                e = i + 1  # chunks i .. e - 1 lie one after another in the file
-                while e < k and offsets[i] >= 0 and offsets[e] == offsets[e - 1] + sizes[e - 1]:
-                    e += 1
-                total = offsets[e - 1] + sizes[e - 1] - offsets[i]
-                run = [(c, *self._rest[j + x][0]) for x in range(i, e)]
-                if (
-                    offsets[i] >= 0
-                    and targets[i] is not None
-                    and all(m & self._skip_all == self._skip_all for m in masks[i:e])
-                    and total == (e - i) * self.nbytes
-                ):  # no filter applied: the stored bytes are the values, read into place
-                    span = (
-                        slots[i * self.nbytes // self.dtype.itemsize :]
-                        if staged is not None
-                        else dest
-                    )
-                    self._pread_run(run, sizes[i:e], offsets[i:e], span)
+                # Chunks i .. e - 1 lie one after another in the file: one read, of a few MiB.
+                offset, size, mask = table[i]
+                e, end, unfiltered = i + 1, offset + size, mask & raw == raw and size == nbytes
+                while offset >= 0 and e < k:
+                    o, n, m = table[e]
+                    if o != end or end + n - offset > RUN_BYTES:
+                        break
+                    end, e = end + n, e + 1
+                    unfiltered = unfiltered and m & raw == raw and n == nbytes
+                span: Any = None  # where chunks i .. e - 1 go as they are stored, if unfiltered
+                if offset >= 0 and unfiltered:
+                    if slots is not None:
+                        span = slots[i:e]
+                    elif whole_rows and (ga + i) * rows >= start and (ga + e) * rows <= stop:
+                        span = out[(ga + i) * rows - start : (ga + e) * rows - start]
+                if span is not None:
+                    self._pread_run(ga + i, table[i:e], span)
                     decoded += e - i
                     i = e
                     continue
                 stored = data = None
-                if offsets[i] >= 0:
-                    stored = _lend(total)
-                    data = self._pread_run(run, sizes[i:e], offsets[i:e], stored)
+                if offset >= 0:
+                    stored = _lend(end - offset)
+                    data = self._pread_run(ga + i, table[i:e], stored)
                 try:
                     for x in range(i, e):
-                        region = self._rest[j + x][1]
-                        chunk_region = (rows_region, *region)
+                        c, j = divmod(ga + x, per_row)
+                        region = self._rest[j][1]
+                        lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+                        into = None  # where chunk x is decoded in place (None: copied out)
+                        if slots is not None:
+                            into = slots[x]
+                        elif whole_rows and hi - lo == rows:
+                            into = out[lo - start : hi - start]
+                        chunk_region = (self._rows_region(c), *region)
+                        o, n, m = table[x]
                         if data is None:  # never written: the fill value, as HDF5 reads it
                             values = self._fill_chunk()[
                                 tuple(slice(0, r.stop - r.start) for r in chunk_region)
                             ]
                         else:
-                            at = offsets[x] - offsets[i]
+                            if into is None and scratch is None:
+                                scratch = _lend(nbytes)
+                            at = o - offset
                             values, ours = self._decode(
-                                run[x - i],
-                                data[at : at + sizes[x]],
-                                masks[x],
+                                ga + x,
+                                data[at : at + n],
+                                m,
                                 chunk_region,
-                                targets[x] if targets[x] is not None else scratch,
+                                into if into is not None else scratch,
                             )
                             decoded += ours
-                        target = targets[x]
-                        if target is None:
-                            dest[(slice(None), *region)] = values[local]
-                        elif not np.may_share_memory(values, target):
-                            target[tuple(slice(0, n) for n in values.shape)] = values
+                        if into is None:
+                            local = slice(lo - c * rows, hi - c * rows)
+                            out[(slice(lo - start, hi - start), *region)] = values[local]
+                        elif not np.may_share_memory(values, into):
+                            into[tuple(slice(0, length) for length in values.shape)] = values
                 finally:
                     _give(stored)
                 i = e
-            if staged is not None:
-                self._columns_out(slots.reshape(k, *self.chunks), j, local, dest)
         finally:
-            _give(staged, scratch)
+            _give(scratch)
             if decoded:
                 with self._lock:
                     self.decoded += decoded
+
+    def _coords(self, g: int) -> Coords:
+        """The coordinates of chunk ``g`` of the flattened chunk grid."""
+        c, j = divmod(g, len(self._rest))
+        return (c, *self._rest[j][0])
 
     def _columns_out(self, chunks: np.ndarray, j: int, local: slice, dest: np.ndarray) -> None:
         """Rows ``local`` of ``chunks`` (decoded side by side; chunks ``j ..`` along axis 1,
@@ -426,6 +463,6 @@ def _lend(nbytes: int) -> np.ndarray:
 
 def _give(*buffers: np.ndarray | None) -> None:
     """Give back the buffers :func:`_lend` lent (the small ones it allocated are dropped)."""
-    workbuffers.work.give(
-        *(b for b in buffers if b is not None and b.nbytes >= workbuffers.MIN_BYTES)
-    )
+    lent = [b for b in buffers if b is not None and b.nbytes >= workbuffers.MIN_BYTES]
+    if lent:
+        workbuffers.work.give(*lent)

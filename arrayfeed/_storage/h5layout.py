@@ -64,8 +64,8 @@ class ChunkLayout:
         file = dataset.file
         if dataset.chunks is None or dataset.is_virtual:
             return "the dataset is not chunked"
-        if not hasattr(os, "pread"):  # pragma: no cover - Windows
-            return "this platform has no os.pread"
+        if not hasattr(os, "pread") or not hasattr(os, "preadv"):  # pragma: no cover - Windows
+            return "this platform has no os.pread and os.preadv"
         if file.driver != "sec2":
             return f"the file is opened with HDF5's '{file.driver}' driver, not a plain local file"
         if file.mode != "r" or file.swmr_mode:
