@@ -430,8 +430,11 @@ def test_chunk_cut_short_by_a_truncated_file(
     assert src.chunk_reader() is not None  # index taken while the file was whole
     offset, _ = _chunk_at(path, (cut[0] * chunks[0], cut[1] * chunks[1]))
     os.truncate(path, offset + 3)
-    with pytest.raises(af.CorruptDataError, match=re.escape(f"chunk {cut}") + ".*cut short: 3 of"):
-        src.read_run(30, 40)
+    for start, stop in [(30, 40), (np.int64(30), np.int64(40))]:  # NumPy integers too
+        with pytest.raises(
+            af.CorruptDataError, match=re.escape(f"chunk {cut}") + ".*cut short: 3 of"
+        ):
+            src.read_run(start, stop)  # type: ignore[arg-type]
     _assert_same(src.read_run(0, 30), _reference_rows(path, 0, 30))  # the rest still reads
 
 
@@ -828,6 +831,21 @@ def test_chunks_stored_in_order_are_read_with_one_call(
 
 
 @pytest.mark.parametrize("compression", [None, "gzip"])
+def test_one_read_moves_at_most_run_bytes(
+    tmp_path: Path, compression: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks stored side by side are read a few MiB at a time (``RUN_BYTES``), not all at
+    once: a read's buffer stays one the work buffers keep."""
+    path = tmp_path / "a.h5"
+    _write(path, _values("float32", (40, 12)), (10, 12), {"compression": compression})
+    monkeypatch.setattr(h5chunks, "RUN_BYTES", 1000)  # about two chunks (480 bytes raw)
+    src = _source(path)
+    calls = _count_preadv(monkeypatch)
+    _assert_same(src.read_run(0, 40), _reference(path))
+    assert len(calls) == 2 if compression is None else 2 <= len(calls) <= 4
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
 @pytest.mark.parametrize("chunks", [(10, 3), (10, 12), (10, 5)])
 def test_short_reads_are_read_on(
     tmp_path: Path,
@@ -846,18 +864,23 @@ def test_short_reads_are_read_on(
     assert len(calls) > 40  # cut short again and again
 
 
-def test_raw_chunks_whose_wrong_sizes_add_up_are_named(tmp_path: Path) -> None:
-    """Two chunks stored unfiltered side by side, 8 bytes too long and 8 too short: together
-    the size of two chunks, but each the wrong size."""
+@pytest.mark.parametrize("right_first", [False, True])
+def test_raw_chunks_whose_wrong_sizes_add_up_are_named(tmp_path: Path, right_first: bool) -> None:
+    """Chunks stored unfiltered side by side, 8 bytes too long and 8 too short (after one of
+    the right size, or first): together the size of as many chunks, but each the wrong size."""
     path = tmp_path / "a.h5"
-    a = np.arange(64, dtype="f4").reshape(8, 8)
+    a = np.arange(96, dtype="f4").reshape(8, 12)
+    parts = [a[:, :4].tobytes() + b"\0" * 8, a[:, 4:8].tobytes()[:-8], a[:, 8:].tobytes()]
+    if right_first:
+        parts = parts[2:] + parts[:2]
     with h5py.File(path, "w") as f:
-        d = f.create_dataset("x", shape=(8, 8), dtype="f4", chunks=(8, 4), compression="gzip")
-        d.id.write_direct_chunk((0, 0), a[:, :4].tobytes() + b"\0" * 8, filter_mask=1)
-        d.id.write_direct_chunk((0, 4), a[:, 4:].tobytes()[:-8], filter_mask=1)
+        d = f.create_dataset("x", shape=(8, 12), dtype="f4", chunks=(8, 4), compression="gzip")
+        for j, part in enumerate(parts):
+            d.id.write_direct_chunk((0, 4 * j), part, filter_mask=1)
     src = _source(path)
     assert src.read_path == "chunks"
-    with pytest.raises(af.CorruptDataError, match=r"chunk \(0, 0\).*wrong size \(136 bytes"):
+    bad = f"(0, {int(right_first)})"
+    with pytest.raises(af.CorruptDataError, match=re.escape(bad) + r".*wrong size \(136 bytes"):
         src.read_run(0, 8)
 
 
@@ -905,10 +928,20 @@ def test_column_chunks_are_decoded_a_few_at_a_time(
     _write(path, _values("float64", (33, 11)), (8, 2), {"compression": compression})
     nbytes = 8 * 2 * 8
     monkeypatch.setattr(h5chunks, "STAGE_BYTES", stage_chunks * nbytes + nbytes // 2)
+    staged: list[int] = []
+    columns_out = ChunkFile._columns_out
+    monkeypatch.setattr(
+        ChunkFile,
+        "_columns_out",
+        lambda self, chunks, *a: staged.append(len(chunks)) or columns_out(self, chunks, *a),
+    )
     src = _source(path)
     reader = src.chunk_reader()
     assert reader is not None and reader._stage_chunks == stage_chunks
     _check_reads(src, _reference(path), 8)
+    # 6 column chunks per row chunk: side by side `stage_chunks` at a time (one by one: copied
+    # out as each is decoded).
+    assert (max(staged) if staged else 1) == stage_chunks
 
 
 def test_a_damaged_column_chunk_read_in_a_run_is_named(tmp_path: Path) -> None:
@@ -919,6 +952,7 @@ def test_a_damaged_column_chunk_read_in_a_run_is_named(tmp_path: Path) -> None:
     offset, _size = _chunk_at(path, (10, 32))  # chunk (1, 2), third of its row chunk's four
     _patch(path, offset, b"\xff" * 16)
     src = _source(path)
-    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 2\).*gzip"):
-        src.read_run(0, 40)
+    for start, stop in [(0, 40), (np.int64(0), np.int64(40))]:  # NumPy integers too
+        with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 2\).*gzip"):
+            src.read_run(start, stop)  # type: ignore[arg-type]
     _assert_same(src.read_run(20, 40), _reference_rows(path, 20, 40))

@@ -302,6 +302,7 @@ class ChunkFile:
         copied out with one copy, which writes each row's columns together rather than one
         column at a time.
         """
+        start, stop, first, last = int(start), int(stop), int(first), int(last)
         rows, per_row = self.chunks[0], len(self._rest)
         g = start // rows * per_row  # piece 0's index in the chunk grid, flattened
         if not self._columns:
