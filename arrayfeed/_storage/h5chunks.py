@@ -103,7 +103,7 @@ class ChunkFile:
         self._whole_rows = self.chunks[1:] == self.shape[1:]
         # Chunks split axis 1 alone: those of a row chunk are decoded side by side.
         self._columns = len(self._rest) > 1 and self.chunks[2:] == self.shape[2:]
-        #: Most chunks decoded side by side at once (a few MiB, to stay in the CPU's caches).
+        # Most chunks decoded side by side at once (a few MiB, to stay in the CPU's caches).
         self._stage_chunks = max(1, STAGE_BYTES // self.nbytes)
 
     @classmethod
@@ -187,9 +187,9 @@ class ChunkFile:
         self, coords: Coords | int, data: Any, mask: int, region: tuple[slice, ...], out: Any
     ) -> tuple[np.ndarray, bool]:
         """The part in ``region`` of chunk ``coords`` (or index ``coords`` of the flattened
-        chunk grid), decoded from its stored bytes ``data``,
-        and whether it was decoded here (False: read through h5py). The decoded chunk may be
-        written into ``out`` (a C-contiguous array of at least :attr:`nbytes` bytes, or None)."""
+        chunk grid), decoded from its stored bytes ``data``, and whether it was decoded here
+        (False: read through h5py). The decoded chunk may be written into ``out`` (a
+        C-contiguous array of at least :attr:`nbytes` bytes, or None)."""
         inside = tuple(slice(0, r.stop - r.start) for r in region)
         if (
             mask & self._skip_all != self._skip_all
