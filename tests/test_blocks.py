@@ -14,6 +14,7 @@ import tensorflow as tf
 import zarr
 
 import arrayfeed as af
+from arrayfeed._pipeline import blocks
 from arrayfeed._pipeline.blocks import WindowCache
 from arrayfeed._pipeline.plan import BlockOrder, Plan
 
@@ -85,6 +86,29 @@ def test_a_gather_across_windows_keeps_the_request_order() -> None:
     out = np.empty(len(idx), dtype=a.dtype)
     cache.gather_into(idx, out)
     np.testing.assert_array_equal(out, idx)
+
+
+@pytest.mark.parametrize("located", [1, 4])
+def test_where_blocks_sit_is_remembered_for_at_most_a_bounded_number_of_blocks(
+    located: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(blocks, "LOCATED", located)
+    n = 300
+    a = np.arange(n)
+    plan = Plan(n_rows=n, batch_size=8, shuffle="block", block_rows=5, window_blocks=3, seed=5)
+    cache = WindowCache(CountingChunked(a, 5), plan.block_order(0), capacity=100)
+    rng = np.random.default_rng(1)
+    for step in range(plan.steps):
+        idx = plan.indices(0, step, step + 1)
+        out = np.empty(len(idx), dtype=a.dtype)
+        cache.gather_into(idx, out)
+        np.testing.assert_array_equal(out, idx)
+        # At most `located` blocks are kept beyond those of the last request.
+        assert len(cache._located) <= located + len(np.unique(idx // 5))
+        shuffled = rng.permutation(idx)  # the same blocks again, in another order
+        cache.gather_into(shuffled, out)
+        np.testing.assert_array_equal(out, shuffled)
+    assert cache.loads == n // 5
 
 
 def test_a_full_cache_evicts_its_earliest_window() -> None:
@@ -186,6 +210,38 @@ def test_threads_share_a_window_and_wait_for_blocks_in_flight() -> None:
     assert second_read.is_set()  # a second thread read a block while the first was reading
     assert sorted(src.reads) == [(0, 10), (10, 20), (20, 30), (30, 40)]
     assert len({name for name, _ in src.threads}) > 1
+
+
+def test_a_window_is_served_only_once_every_block_of_it_is_read() -> None:
+    # One thread holds block 0 of a two-block window; a second reads block 1 and waits for
+    # block 0. A third thread asking then must wait too, not take the window as read.
+    entered, release = threading.Event(), threading.Event()
+    src = CountingChunked(np.arange(20), 10)
+    inner_read = src.read
+
+    def hold_block_0(indices: np.ndarray) -> np.ndarray:
+        if int(indices[0]) == 0:
+            entered.set()
+            release.wait(5)
+        return inner_read(indices)
+
+    src.read = hold_block_0  # type: ignore[method-assign]
+    cache = WindowCache(src, order(20, 10, 2), capacity=4)  # one window of both blocks
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(cache.read, np.array([3], dtype=np.int64))
+        assert entered.wait(5)
+        second = pool.submit(cache.read, np.array([15], dtype=np.int64))
+        deadline = time.monotonic() + 5
+        while (10, 20) not in src.reads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the second thread has read block 1 and waits for block 0
+        third = pool.submit(cache.read, np.array([4, 16], dtype=np.int64))
+        time.sleep(0.2)
+        assert not (second.done() or third.done()), "served before block 0 was read"
+        release.set()
+        assert [first.result().tolist(), second.result().tolist()] == [[3], [15]]
+        assert third.result().tolist() == [4, 16]
+    assert sorted(src.reads) == [(0, 10), (10, 20)]
 
 
 def test_a_failed_read_is_raised_and_not_cached() -> None:

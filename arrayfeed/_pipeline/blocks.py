@@ -41,13 +41,15 @@ from .._storage import Prefetch, ReadPiecesInto, ReadRangeInto, Source
 from .plan import BlockOrder
 from .read import BufferPool
 
-__all__ = ["UNITS_PER_BLOCK", "WindowCache"]
+__all__ = ["LOCATED", "UNITS_PER_BLOCK", "WindowCache"]
 
 #: Most claimable units a block's read is split into. A unit is a run of the block's pieces (its
 #: chunks), so per-claim costs are paid once per run: 192 chunks of 80 KB per block read 15 %
 #: slower claimed one by one than whole on 2 cores. Sixteen units per block keep 16 threads busy
 #: on a window of two blocks.
 UNITS_PER_BLOCK = 16
+#: Most blocks whose place in the packed layout a cache remembers (a few hundred kilobytes).
+LOCATED = 4096
 
 
 class _Window:
@@ -72,6 +74,7 @@ class _Window:
             cuts = np.linspace(0, n, min(n, UNITS_PER_BLOCK) + 1).astype(int).tolist()
             self.units += [(b, p, q, n) for p, q in itertools.pairwise(cuts)]
         self.loads: list[Future[None] | None] = [None] * len(self.units)
+        self.ready = False  # every unit read (then nothing is claimed or waited for again)
 
 
 def _succeeded(load: Future[None]) -> bool:
@@ -103,6 +106,7 @@ class WindowCache:
         self._range = source if isinstance(source, ReadRangeInto) else None
         self._fetcher = source if isinstance(source, Prefetch) else None
         self._windows: dict[int, _Window] = {}
+        self._located: dict[int, tuple[int, int]] = {}  # see _locate
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self.loads = 0  # blocks read from storage, for tests and benchmarks
@@ -126,30 +130,48 @@ class WindowCache:
         return out
 
     def gather_into(self, indices: npt.NDArray[np.int64], out: np.ndarray) -> None:
-        """Write rows ``indices`` (any order; fastest when each batch is sorted) into ``out``."""
+        """Write rows ``indices`` (any order; fastest when each batch is sorted) into ``out``.
+
+        Called for every group, with the GIL held between its NumPy calls: each block's place in
+        the packed layout is computed once per epoch (:meth:`_locate`), and the rest is a fixed
+        number of NumPy calls per group plus one gather per window it draws from.
+        """
         if not len(indices):
             return
-        size, first = self.order.size, self.order.first
-        blocks = indices // size - first
+        blocks = indices // self.order.size
         # Runs of rows from one block: few, since every batch is in storage order.
-        starts = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
-        starts = np.concatenate(([0], starts))
-        distinct, run_block = np.unique(blocks[starts], return_inverse=True)
-        window, shift = self.order.locate(distinct)
-        lengths = np.diff(np.append(starts, len(indices)))
-        packed = indices + np.repeat(shift[run_block], lengths)
+        starts = np.concatenate(([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1))
+        run_blocks = blocks[starts]
+        distinct = sorted(set(run_blocks.tolist()))
+        places = np.array(self._locate(distinct), dtype=np.int64).reshape(-1, 2)
+        run_window, run_shift = places[np.searchsorted(distinct, run_blocks)].T
+        packed = indices + np.repeat(run_shift, np.diff(starts, append=len(indices)))
         # One gather per stretch of runs from the same window (one stretch unless the rows
         # cross a window boundary).
-        run_window = window[run_block]
-        cuts = np.flatnonzero(run_window[1:] != run_window[:-1]) + 1
-        bounds = np.append(starts[np.concatenate(([0], cuts))], len(indices)).tolist()
-        stretch_window = run_window[np.concatenate(([0], cuts))].tolist()
-        buffers = {w: self._window(w) for w in dict.fromkeys(stretch_window)}
-        for w, lo, hi in zip(stretch_window, bounds[:-1], bounds[1:], strict=True):
+        first_runs = np.concatenate(([0], np.flatnonzero(run_window[1:] != run_window[:-1]) + 1))
+        bounds = [*starts[first_runs].tolist(), len(indices)]
+        windows = run_window[first_runs].tolist()
+        for w, lo, hi in zip(windows, bounds[:-1], bounds[1:], strict=True):
+            buffer = self._window(w)
             rows = packed[lo:hi]
-            if int(rows.min()) < 0 or int(rows.max()) >= len(buffers[w]):  # never: a plan bug
+            if int(rows.min()) < 0 or int(rows.max()) >= len(buffer):  # never: a plan bug
                 raise RuntimeError(f"rows {indices[lo:hi]} are not all in window {w}")
-            np.take(buffers[w], rows, axis=0, out=out[lo:hi], mode="clip")  # unbuffered
+            np.take(buffer, rows, axis=0, out=out[lo:hi], mode="clip")  # unbuffered
+
+    def _locate(self, blocks: list[int]) -> list[tuple[int, int]]:
+        """``(window, shift)`` of each of ``blocks`` (storage block numbers; see
+        :meth:`BlockOrder.locate`), remembered for the epoch (at most :data:`LOCATED` blocks)."""
+        located = self._located
+        found = {b: located.get(b) for b in blocks}
+        missing = [b for b, place in found.items() if place is None]
+        if missing:
+            window, shift = self.order.locate(np.array(missing, dtype=np.int64) - self.order.first)
+            new = dict(zip(missing, zip(window.tolist(), shift.tolist(), strict=True), strict=True))
+            found.update(new)
+            if len(located) + len(new) > LOCATED:
+                located.clear()
+            located.update(new)
+        return [found[b] for b in blocks]  # type: ignore[misc]  # none is None now
 
     def prefetch_window(self, window: int, read: bool = True) -> None:
         """Read the blocks of ``window`` nobody reads yet (ahead of the groups that need it); with
@@ -164,6 +186,9 @@ class WindowCache:
                     self._add(window)
 
     def _window(self, w: int) -> np.ndarray:
+        window = self._windows.get(w)
+        if window is not None and window.ready:
+            return window.buffer
         with self._lock:
             window = self._windows.get(w)
             if window is None:
@@ -174,6 +199,7 @@ class WindowCache:
             with self._lock:
                 loads = list(window.loads)
             if all(load is not None and _succeeded(load) for load in loads):
+                window.ready = True
                 return window.buffer
             # A block is unclaimed again (another thread's read failed): go back and read it.
 

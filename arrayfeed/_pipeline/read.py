@@ -8,6 +8,7 @@ never yields a view of a caller's array and never touches a buffer that anything
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ ALIGNMENT = 64
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """A new uninitialised C-contiguous array whose data starts on an ``ALIGNMENT``-byte boundary."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = int(math.prod(shape)) * dtype.itemsize
     return _aligned_view(np.empty(nbytes + ALIGNMENT, dtype=np.uint8), shape, dtype)
 
 
@@ -73,7 +74,7 @@ class BufferPool:
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """An uninitialised aligned array, like :func:`aligned_empty`, possibly recycled."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + ALIGNMENT
+        nbytes = int(math.prod(shape)) * dtype.itemsize + ALIGNMENT
         with self._lock:  # the view is made under the lock: no other thread sees `raw` as free
             i = self._free(nbytes)
             if i is None:
@@ -103,7 +104,7 @@ class BufferPool:
 
 
 def _aligned_view(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = int(math.prod(shape)) * dtype.itemsize
     offset = (-raw.ctypes.data) % ALIGNMENT
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 

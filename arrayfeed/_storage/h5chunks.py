@@ -42,7 +42,7 @@ import numpy.typing as npt
 from .._errors import CorruptDataError
 from .._forks import renew_after_fork
 from . import workbuffers
-from .h5codecs import ChecksumError, Stage, StageError, Undecodable, decode_chunk, pipeline
+from .h5codecs import ChecksumError, ChunkDecoder, Stage, StageError, Undecodable, pipeline
 from .h5layout import ChunkLayout, chunk_index
 
 __all__ = ["ChunkFile"]
@@ -56,6 +56,8 @@ _H5PY_LOCK: Any = getattr(getattr(h5py, "_objects", None), "phil", None) or cont
 STAGE_BYTES = 2 << 20
 #: Most stored bytes read with one call (chunks stored one after another).
 RUN_BYTES = 4 << 20
+
+_BYTE = np.dtype(np.uint8)  # compared by identity on the hot path
 
 #: A chunk's coordinates in the chunk grid (chunk units, not elements).
 Coords = tuple[int, ...]
@@ -99,6 +101,12 @@ class ChunkFile:
                 for i, size, n in zip(rest, self.chunks[1:], self.shape[1:], strict=True)
             )
             self._rest.append((rest, region))
+        # Whether the chunks at each of those coordinates reach past the dataset's edge.
+        self._rest_edge = [
+            any(r.stop - r.start < k for r, k in zip(region, self.chunks[1:], strict=True))
+            for _, region in self._rest
+        ]
+        self._decoders: dict[int, ChunkDecoder] = {}  # by filter mask
         # Chunks hold whole rows: a whole chunk is one contiguous stretch of the output.
         self._whole_rows = self.chunks[1:] == self.shape[1:]
         # Chunks split axis 1 alone: those of a row chunk are decoded side by side.
@@ -170,9 +178,8 @@ class ChunkFile:
         size, mask = int(self.sizes[coords]), int(self.masks[coords])
         # Lent: the stored bytes when they are large, and a buffer for the decoded chunk when
         # the stage that yields it can write into one.
-        first = next((st for i, st in enumerate(self.stages) if not mask >> i & 1), None)
         stored = workbuffers.work.take(size) if size >= workbuffers.MIN_BYTES else None
-        decoded = _lend(self.nbytes) if first is not None and first.into is not None else None
+        decoded = workbuffers.lend(self.nbytes) if self._decoder(mask).writes_into else None
         try:
             data = self._pread(coords, size, offset, stored)
             values, ours = self._decode(coords, data, mask, region, decoded)
@@ -181,35 +188,51 @@ class ChunkFile:
                     self.decoded += 1
             yield values
         finally:
-            _give(stored, decoded)
+            workbuffers.give(stored, decoded)
+
+    def _decoder(self, mask: int) -> ChunkDecoder:
+        """The decoder of chunks stored with filter mask ``mask``."""
+        decoder = self._decoders.get(mask)
+        if decoder is None:
+            decoder = self._decoders[mask] = ChunkDecoder(self.stages, mask, self.nbytes)
+        return decoder
 
     def _decode(
-        self, coords: Coords | int, data: Any, mask: int, region: tuple[slice, ...], out: Any
+        self,
+        coords: Coords | int,
+        data: Any,
+        mask: int,
+        region: tuple[slice, ...],
+        out: Any,
+        edge: bool | None = None,
     ) -> tuple[np.ndarray, bool]:
         """The part in ``region`` of chunk ``coords`` (or index ``coords`` of the flattened
         chunk grid), decoded from its stored bytes ``data``, and whether it was decoded here
         (False: read through h5py). The decoded chunk may be written into ``out`` (a
-        C-contiguous array of at least :attr:`nbytes` bytes, or None)."""
-        inside = tuple(slice(0, r.stop - r.start) for r in region)
-        if (
-            mask & self._skip_all != self._skip_all
-            and len(data) == self.nbytes
-            and any(r.stop - r.start < k for r, k in zip(region, self.chunks, strict=True))
-        ):
+        C-contiguous array of at least :attr:`nbytes` bytes, or None). ``edge``: whether
+        ``region`` is less than the whole chunk (None: work it out)."""
+        if edge is None:
+            edge = any(r.stop - r.start < k for r, k in zip(region, self.chunks, strict=True))
+        if edge and mask & self._skip_all != self._skip_all and len(data) == self.nbytes:
             # An edge chunk stored at exactly its raw size may have been written unfiltered
             # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
             # let HDF5, which knows, read it.
             return self._via_hdf5(region), False
-        if out is not None:
+        decoder = self._decoders.get(mask) or self._decoder(mask)
+        flat = out is None or (out.dtype is _BYTE and out.ndim == 1 and len(out) == self.nbytes)
+        if decoder.writes_into and not flat:
             out = out.reshape(-1).view(np.uint8)[: self.nbytes]
         try:
-            raw = decode_chunk(self.stages, data, mask, self.nbytes, out=out)
+            raw = decoder(data, out)
         except Undecodable:
             return self._via_hdf5(region), False
         except StageError as exc:
             where = self._coords(coords) if isinstance(coords, int) else coords
             raise self._corrupt(where, exc) from exc.error
-        return np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)[inside], True
+        values = np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)
+        if edge:
+            values = values[tuple(slice(0, r.stop - r.start) for r in region)]
+        return values, True
 
     def _pread(self, coords: Coords, size: int, offset: int, into: Any = None) -> Any:
         """``size`` bytes at ``offset``: read into the first ``size`` bytes of ``into``
@@ -315,7 +338,7 @@ class ChunkFile:
             if k == 1:
                 self._read_chunks(start, stop, g + p, g + p + 1, out, None)
             else:
-                staged = _lend(k * self.nbytes)
+                staged = workbuffers.lend(k * self.nbytes)
                 try:
                     slots = staged[: k * self.nbytes].view(self.dtype).reshape(k, *self.chunks)
                     self._read_chunks(start, stop, g + p, g + p + k, out, slots)
@@ -324,7 +347,7 @@ class ChunkFile:
                     local = slice(lo - c * rows, hi - c * rows)
                     self._columns_out(slots, j, local, out[lo - start : hi - start])
                 finally:
-                    _give(staged)
+                    workbuffers.give(staged)
             p += k
 
     def _read_chunks(
@@ -338,7 +361,7 @@ class ChunkFile:
         # Chunks of whole rows all inside [start, stop) are decoded straight into `out`.
         whole_rows = self._whole_rows and slots is None and out.flags.c_contiguous
         scratch = None
-        decoded = 0
+        decoded, row = 0, -1
         try:
             i, k = 0, gb - ga
             while i < k:
@@ -364,46 +387,55 @@ class ChunkFile:
                     continue
                 stored = data = None
                 if offset >= 0:
-                    stored = _lend(end - offset)
+                    stored = workbuffers.lend(end - offset)
                     data = self._pread_run(ga + i, table[i:e], stored)
                 try:
                     for x in range(i, e):
                         c, j = divmod(ga + x, per_row)
+                        if c != row:  # the part of row chunk c read, worked out once
+                            row, row_region = c, self._rows_region(c)
+                            lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+                            dest, local = (
+                                slice(lo - start, hi - start),
+                                slice(lo - c * rows, hi - c * rows),
+                            )
+                            row_edge = row_region.stop - row_region.start < rows
                         region = self._rest[j][1]
-                        lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
                         into = None  # where chunk x is decoded in place (None: copied out)
                         if slots is not None:
                             into = slots[x]
                         elif whole_rows and hi - lo == rows:
-                            into = out[lo - start : hi - start]
-                        chunk_region = (self._rows_region(c), *region)
+                            into = out[dest]
                         o, n, m = table[x]
                         if data is None:  # never written: the fill value, as HDF5 reads it
                             values = self._fill_chunk()[
-                                tuple(slice(0, r.stop - r.start) for r in chunk_region)
+                                tuple(slice(0, r.stop - r.start) for r in (row_region, *region))
                             ]
                         else:
-                            if into is None and scratch is None:
-                                scratch = _lend(nbytes)
+                            target = into
+                            if into is None and self._decoder(m).writes_into:
+                                if scratch is None:
+                                    scratch = workbuffers.lend(nbytes)
+                                target = scratch[:nbytes]
                             at = o - offset
                             values, ours = self._decode(
                                 ga + x,
                                 data[at : at + n],
                                 m,
-                                chunk_region,
-                                into if into is not None else scratch,
+                                (row_region, *region),
+                                target,
+                                row_edge or self._rest_edge[j],
                             )
                             decoded += ours
                         if into is None:
-                            local = slice(lo - c * rows, hi - c * rows)
-                            out[(slice(lo - start, hi - start), *region)] = values[local]
+                            out[(dest, *region)] = values[local]
                         elif not np.may_share_memory(values, into):
                             into[tuple(slice(0, length) for length in values.shape)] = values
                 finally:
-                    _give(stored)
+                    workbuffers.give(stored)
                 i = e
         finally:
-            _give(scratch)
+            workbuffers.give(scratch)
             if decoded:
                 with self._lock:
                     self.decoded += decoded
@@ -453,17 +485,3 @@ class ChunkFile:
                 with self._chunk((c, *rest), (row_region, *region)) as chunk:
                     out[(slice(a, b), *region)] = chunk[rows]
         return out
-
-
-def _lend(nbytes: int) -> np.ndarray:
-    """A byte buffer of at least ``nbytes``: lent by :mod:`.workbuffers` when large."""
-    if nbytes >= workbuffers.MIN_BYTES:
-        return workbuffers.work.take(nbytes)
-    return np.empty(nbytes, dtype=np.uint8)
-
-
-def _give(*buffers: np.ndarray | None) -> None:
-    """Give back the buffers :func:`_lend` lent (the small ones it allocated are dropped)."""
-    lent = [b for b in buffers if b is not None and b.nbytes >= workbuffers.MIN_BYTES]
-    if lent:
-        workbuffers.work.give(*lent)

@@ -40,6 +40,7 @@ __all__ = [
     "FLETCHER32",
     "SHUFFLE",
     "ChecksumError",
+    "ChunkDecoder",
     "Stage",
     "StageError",
     "Undecodable",
@@ -398,14 +399,19 @@ def pipeline(
 
 def _into(code: int, values: Sequence[int]) -> DecodeInto | None:
     """The decoder of filter ``code`` that writes into a given buffer, where there is one."""
-    if code == LZF:
-        return lambda data, out: _imagecodecs().lzf_decode(data, out=out)  # type: ignore[no-any-return]
-    if code == LZ4:
-        return lambda data, out: _imagecodecs().lz4h5_decode(data, out=out)  # type: ignore[no-any-return]
+    codecs = _imagecodecs()  # looked up once: a lookup per chunk is GIL time on the hot path
+    if code == LZF and codecs is not None:
+        return functools.partial(_decode_into, codecs.lzf_decode)
+    if code == LZ4 and codecs is not None:
+        return functools.partial(_decode_into, codecs.lz4h5_decode)
     if code == SHUFFLE and values and values[0] >= 1:
         itemsize = int(values[0])
         return lambda data, out: unshuffle(data, itemsize, out)
     return None
+
+
+def _decode_into(decode: Any, data: Buffer, out: np.ndarray) -> Buffer:
+    return decode(data, out=out)  # type: ignore[no-any-return]
 
 
 class StageError(Exception):
@@ -432,33 +438,53 @@ def decode_chunk(
         StageError: A stage failed, or a chunk no stage applies to has the wrong size.
         Undecodable: A stage met a form of its codec that this module does not decode.
     """
-    # The size each stage was given when writing, while no compressor ran before it.
-    sizes: list[int | None] = []
-    size: int | None = nbytes
-    for i, stage in enumerate(stages):
-        sizes.append(size)
-        if not mask >> i & 1 and size is not None:
-            size = None if stage.grows is None else size + stage.grows
-    last = next((i for i in range(len(stages)) if not mask >> i & 1), None)
-    for i in reversed(range(len(stages))):
-        if mask >> i & 1:
-            continue
-        stage = stages[i]
-        try:
-            if i == last and out is not None and stage.into is not None and sizes[i] == nbytes:
-                data = stage.into(data, out)
-            else:
-                data = stage.decode(data, sizes[i])
-        except Undecodable:
-            raise
-        except Exception as exc:
-            raise StageError(stage, exc) from exc
-        if sizes[i] is not None and len(data) != sizes[i]:
-            error = ValueError(f"decoded to {len(data)} bytes, expected {sizes[i]}")
-            raise StageError(stage, error)
-    if len(data) != nbytes:
-        raise StageError(None, ValueError(f"{len(data)} bytes stored, expected {nbytes}"))
-    return data
+    return ChunkDecoder(stages, mask, nbytes)(data, out)
+
+
+class ChunkDecoder:
+    """:func:`decode_chunk` for chunks of one filter mask, its steps worked out once (a reader
+    keeps one per mask: the work per chunk holds the GIL)."""
+
+    def __init__(self, stages: Sequence[Stage], mask: int, nbytes: int) -> None:
+        # The size each stage was given when writing, while no compressor ran before it.
+        sizes: list[int | None] = []
+        size: int | None = nbytes
+        for i, stage in enumerate(stages):
+            sizes.append(size)
+            if not mask >> i & 1 and size is not None:
+                size = None if stage.grows is None else size + stage.grows
+        applied = [i for i in range(len(stages)) if not mask >> i & 1]
+        #: (stage, size it was given when writing, whether it decodes into ``out``), in the
+        #: order they are undone.
+        self.steps = tuple(
+            (
+                stages[i],
+                sizes[i],
+                i == applied[0] and stages[i].into is not None and sizes[i] == nbytes,
+            )
+            for i in reversed(applied)
+        )
+        self.nbytes = nbytes
+        #: Whether the decoded chunk is written into ``out`` when one is given.
+        self.writes_into = any(into for *_, into in self.steps)
+
+    def __call__(self, data: Buffer, out: np.ndarray | None = None) -> Buffer:
+        for stage, size, into in self.steps:
+            try:
+                if into and out is not None:
+                    data = stage.into(data, out)  # type: ignore[misc]  # `into` says it has one
+                else:
+                    data = stage.decode(data, size)
+            except Undecodable:
+                raise
+            except Exception as exc:
+                raise StageError(stage, exc) from exc
+            if size is not None and len(data) != size:
+                error = ValueError(f"decoded to {len(data)} bytes, expected {size}")
+                raise StageError(stage, error)
+        if len(data) != self.nbytes:
+            raise StageError(None, ValueError(f"{len(data)} bytes stored, expected {self.nbytes}"))
+        return data
 
 
 #: Byte order HDF5 writes native data in on this machine (for :mod:`.h5chunks`).

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._forks import renew_after_fork
 
-__all__ = ["MIN_BYTES", "WorkBuffers", "work"]
+__all__ = ["MIN_BYTES", "WorkBuffers", "give", "lend", "work"]
 
 #: Smaller buffers are allocated per read: glibc serves them from its heap even at the mmap
 #: threshold TensorFlow sets (128 KiB), and lending them cost more than it saved (HDF5 chunks of
@@ -62,3 +62,17 @@ class WorkBuffers:
 
 #: The buffers every chunk reader shares.
 work = WorkBuffers()
+
+
+def lend(nbytes: int) -> np.ndarray:
+    """A byte buffer of at least ``nbytes``: lent by :data:`work` when large, else new."""
+    if nbytes >= MIN_BYTES:
+        return work.take(nbytes)
+    return np.empty(nbytes, dtype=np.uint8)
+
+
+def give(*buffers: np.ndarray | None) -> None:
+    """Give back the buffers :func:`lend` lent (the small ones it allocated are dropped)."""
+    lent = [b for b in buffers if b is not None and b.nbytes >= MIN_BYTES]
+    if lent:
+        work.give(*lent)
