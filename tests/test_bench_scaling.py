@@ -64,3 +64,44 @@ def test_smallest_configuration_writes_every_figure(tmp_path: Path) -> None:
     assert report["rates"]["feed"]["L"]["NumPy gather (memmap)"]["1"] > 0
     assert any(t["name"].startswith("L .npy path, feed") for t in report["targets"])
     assert not any(scratch.iterdir())
+
+
+def test_the_hand_off_count_runs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "handoffs.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "benchmarks" / "bench_handoffs.py"),
+            "--shapes",
+            "L",
+            "--cases",
+            "npy,zarrconv",
+            "--rows-scale",
+            "0.01",
+            "--reps",
+            "1",
+            "--groups",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**subprocess_env(), "TMPDIR": str(scratch)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GIL hand-offs" in done.stdout
+    report = json.loads(out.read_text())
+    assert set(report) == {
+        "L plan of an epoch, full shuffle",
+        "L plan of an epoch, block",
+        "L group of the feed, .npy path (full)",
+        "L group of the feed, Zarr by convert (block)",
+    }
+    for row in report.values():
+        assert set(row) == {"quiet", "busy 5 ms", "busy 1 ms", "hand-offs"}
+        assert all(value >= 0 for value in row.values()) and row["quiet"] > 0
+    assert not any(scratch.iterdir())  # the data went with its temporary directory
