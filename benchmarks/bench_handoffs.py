@@ -26,7 +26,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,24 +42,13 @@ INTERVALS = (0.005, 0.001)  # switch intervals (s): a hand-off costs about one
 @contextmanager
 def busy(interval: float | None) -> Iterator[None]:
     """A thread spinning in Python, with the switch interval at ``interval`` (None: quiet)."""
-    if interval is None:
-        yield
-        return
-    stop = threading.Event()
     old = sys.getswitchinterval()
-
-    def spin() -> None:
-        while not stop.is_set():
-            pass
-
-    sys.setswitchinterval(interval)
-    thread = threading.Thread(target=spin, daemon=True)
-    thread.start()
+    if interval is not None:
+        sys.setswitchinterval(interval)
     try:
-        yield
+        with bs.busy_thread(interval is not None):
+            yield
     finally:
-        stop.set()
-        thread.join()
         sys.setswitchinterval(old)
 
 
