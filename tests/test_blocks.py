@@ -111,6 +111,20 @@ def test_where_blocks_sit_is_remembered_for_at_most_a_bounded_number_of_blocks(
     assert cache.loads == n // 5
 
 
+def test_a_request_reads_each_of_its_windows_once_even_beyond_the_capacity() -> None:
+    # Unsorted rows alternate between three windows, two fit in the cache: a window evicted
+    # between two stretches of the request must not be read again for the second.
+    n = 60
+    a = np.arange(n * 2).reshape(n, 2)
+    src = CountingChunked(a, 10)
+    cache = WindowCache(src, order(n, 10, 2), capacity=2)
+    idx = np.random.default_rng(0).integers(0, n, size=1000).astype(np.int64)
+    out = np.empty((len(idx), 2), dtype=a.dtype)
+    cache.gather_into(idx, out)
+    np.testing.assert_array_equal(out, a[idx])
+    assert sorted(src.reads) == [(lo, lo + 10) for lo in range(0, n, 10)]
+
+
 def test_a_full_cache_evicts_its_earliest_window() -> None:
     src = CountingChunked(np.arange(50), 10)
     o = order(50, 10, 1)  # one block per window

@@ -164,8 +164,11 @@ class WindowCache:
         first_runs = np.concatenate(([0], np.flatnonzero(run_window[1:] != run_window[:-1]) + 1))
         bounds = [*starts[first_runs].tolist(), len(indices)]
         windows = run_window[first_runs].tolist()
+        # Every window once, held for the whole call: stretches may alternate between windows,
+        # and one evicted between them would be read again.
+        buffers = {w: self._window(w) for w in dict.fromkeys(windows)}
         for w, lo, hi in zip(windows, bounds[:-1], bounds[1:], strict=True):
-            buffer = self._window(w)
+            buffer = buffers[w]
             rows = packed[lo:hi]
             if int(rows.min()) < 0 or int(rows.max()) >= len(buffer):  # never: a plan bug
                 raise RuntimeError(f"rows {indices[lo:hi]} are not all in window {w}")
