@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -91,3 +93,18 @@ def subprocess_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     return env
+
+
+def run_benchmark(
+    script: str, args: list[str], scratch: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/<script> args`` run in a child process of this checkout, output captured,
+    its temporary files under ``scratch`` (made here; the benchmark must leave it empty)."""
+    scratch.mkdir()
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        env={**subprocess_env(), "TMPDIR": str(scratch)},
+        timeout=timeout,
+    )

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO_ROOT, subprocess_env
+from .conftest import run_benchmark
 
 
 @pytest.mark.slow
 def test_quick_run_prints_the_peers_table(tmp_path: Path) -> None:
     out = tmp_path / "peers.json"
     scratch = tmp_path / "tmp"  # where the benchmark makes (and must remove) its data
-    scratch.mkdir()
-    done = subprocess.run(
+    done = run_benchmark(
+        "bench_peers.py",
         [
-            sys.executable,
-            str(REPO_ROOT / "benchmarks" / "bench_peers.py"),
             "--quick",
             "--seconds",
             "0.2",
@@ -31,9 +27,7 @@ def test_quick_run_prints_the_peers_table(tmp_path: Path) -> None:
             "--json",
             str(out),
         ],
-        capture_output=True,
-        text=True,
-        env={**subprocess_env(), "TMPDIR": str(scratch)},
+        scratch,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from .conftest import REPO_ROOT, subprocess_env
+from .conftest import run_benchmark
 
 
 def test_smallest_configuration_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
     scratch = tmp_path / "tmp"  # where the benchmark makes (and must remove) its data
-    scratch.mkdir()
-    done = subprocess.run(
+    done = run_benchmark(
+        "bench_scaling.py",
         [
-            sys.executable,
-            str(REPO_ROOT / "benchmarks" / "bench_scaling.py"),
             "--quick",
             "--cases",
             "npy,gather,busy",
@@ -32,9 +28,7 @@ def test_smallest_configuration_writes_every_figure(tmp_path: Path) -> None:
             "--json",
             str(out),
         ],
-        capture_output=True,
-        text=True,
-        env={**subprocess_env(), "TMPDIR": str(scratch)},
+        scratch,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
@@ -69,11 +63,9 @@ def test_smallest_configuration_writes_every_figure(tmp_path: Path) -> None:
 def test_the_hand_off_count_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "handoffs.json"
     scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    done = subprocess.run(
+    done = run_benchmark(
+        "bench_handoffs.py",
         [
-            sys.executable,
-            str(REPO_ROOT / "benchmarks" / "bench_handoffs.py"),
             "--shapes",
             "L",
             "--cases",
@@ -87,9 +79,7 @@ def test_the_hand_off_count_runs_end_to_end(tmp_path: Path) -> None:
             "--json",
             str(out),
         ],
-        capture_output=True,
-        text=True,
-        env={**subprocess_env(), "TMPDIR": str(scratch)},
+        scratch,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr

@@ -218,7 +218,7 @@ class ChunkFile:
             # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
             # let HDF5, which knows, read it.
             return self._via_hdf5(region), False
-        decoder = self._decoders.get(mask) or self._decoder(mask)
+        decoder = self._decoder(mask)
         flat = out is None or (out.dtype is _BYTE and out.ndim == 1 and len(out) == self.nbytes)
         if decoder.writes_into and not flat:
             out = out.reshape(-1).view(np.uint8)[: self.nbytes]

@@ -44,7 +44,6 @@ __all__ = [
     "Stage",
     "StageError",
     "Undecodable",
-    "decode_chunk",
     "fletcher32",
     "pipeline",
     "unshuffle",
@@ -102,7 +101,7 @@ class Stage:
     name: str
     decode: Decode
     grows: int | None = None
-    #: Decodes into a given buffer instead of a new one (see :func:`decode_chunk`'s ``out``).
+    #: Decodes into a given buffer instead of a new one (see :class:`ChunkDecoder`'s ``out``).
     into: DecodeInto | None = None
 
 
@@ -423,27 +422,15 @@ class StageError(Exception):
         self.stage, self.error = stage, error
 
 
-def decode_chunk(
-    stages: Sequence[Stage], data: Buffer, mask: int, nbytes: int, out: np.ndarray | None = None
-) -> Buffer:
-    """Undo ``stages`` on a stored chunk that holds ``nbytes`` bytes of data, last applied
-    first; bit ``i`` of ``mask`` set means stage ``i`` was skipped when the chunk was written.
-    ``out``, a buffer of ``nbytes`` that ``data`` does not share, may receive the decoded chunk
-    (from the last stage undone, if it can write into a buffer).
+class ChunkDecoder:
+    """Undoes ``stages`` on stored chunks that hold ``nbytes`` bytes of data each, last applied
+    first; bit ``i`` of ``mask`` set means stage ``i`` was skipped when a chunk was written. The
+    steps are worked out once per mask (a reader keeps one per mask: the work per chunk holds
+    the GIL).
 
     Every stage's output must have the size its input had when the chunk was written, where
     that is known (up to the first compressor, in writing order).
-
-    Raises:
-        StageError: A stage failed, or a chunk no stage applies to has the wrong size.
-        Undecodable: A stage met a form of its codec that this module does not decode.
     """
-    return ChunkDecoder(stages, mask, nbytes)(data, out)
-
-
-class ChunkDecoder:
-    """:func:`decode_chunk` for chunks of one filter mask, its steps worked out once (a reader
-    keeps one per mask: the work per chunk holds the GIL)."""
 
     def __init__(self, stages: Sequence[Stage], mask: int, nbytes: int) -> None:
         # The size each stage was given when writing, while no compressor ran before it.
@@ -469,6 +456,14 @@ class ChunkDecoder:
         self.writes_into = any(into for *_, into in self.steps)
 
     def __call__(self, data: Buffer, out: np.ndarray | None = None) -> Buffer:
+        """The chunk stored as ``data``, decoded. ``out``, a buffer of ``nbytes`` that ``data``
+        does not share, may receive it (from the last stage undone, if it can write into a
+        buffer: :attr:`writes_into`).
+
+        Raises:
+            StageError: A stage failed, or a chunk no stage applies to has the wrong size.
+            Undecodable: A stage met a form of its codec that this module does not decode.
+        """
         for stage, size, into in self.steps:
             try:
                 if into and out is not None:
