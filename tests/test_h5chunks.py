@@ -26,6 +26,7 @@ from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
 from arrayfeed._storage import as_source, h5chunks, h5codecs, workbuffers
+from arrayfeed._storage.chunkboxes import ChunkBoxes
 from arrayfeed._storage.h5chunks import ChunkFile
 from arrayfeed._storage.h5codecs import Stage, fletcher32, pipeline
 from arrayfeed._storage.hdf5 import H5Source, open_hdf5
@@ -917,31 +918,47 @@ def test_chunks_stored_out_of_order_read_correctly(
     assert len(calls) >= 3 * 16  # never one call for chunks that do not lie side by side
 
 
-@pytest.mark.parametrize("stage_chunks", [1, 2, 3])
+@pytest.mark.parametrize("stage_chunks", [1, 2, 3, 4])
 @pytest.mark.parametrize("compression", [None, "gzip"])
-def test_column_chunks_are_decoded_a_few_at_a_time(
-    tmp_path: Path, compression: str | None, stage_chunks: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("shape", "chunks", "largest"),
+    [
+        ((33, 11), (8, 2), {1: 1, 2: 2, 3: 3, 4: 4}),  # columns: 6 per row chunk
+        # Tiles x channels, 2 x 3 x 3 per row chunk: 4 chunks from a tile's first channel are
+        # no box, its 3 channels are.
+        ((33, 6, 5, 3), (8, 3, 2, 1), {1: 1, 2: 2, 3: 3, 4: 3}),
+    ],
+)
+def test_chunks_splitting_rows_are_decoded_a_box_at_a_time(
+    tmp_path: Path,
+    compression: str | None,
+    stage_chunks: int,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    largest: dict[int, int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """At most ``STAGE_BYTES`` of column chunks are decoded side by side before they are copied
-    out (one at a time when one chunk is that large)."""
+    """At most ``STAGE_BYTES`` of chunks that split rows are decoded side by side before they
+    are copied out, a box of the chunk grid at a time (one at a time when one chunk is that
+    large; whole channel triples when three or four fit)."""
     path = tmp_path / "a.h5"
-    _write(path, _values("float64", (33, 11)), (8, 2), {"compression": compression})
-    nbytes = 8 * 2 * 8
+    _write(path, _values("float64", shape), chunks, {"compression": compression})
+    nbytes = int(np.prod(chunks)) * 8
     monkeypatch.setattr(h5chunks, "STAGE_BYTES", stage_chunks * nbytes + nbytes // 2)
     staged: list[int] = []
-    columns_out = ChunkFile._columns_out
+    copy_out = ChunkBoxes.copy_out
     monkeypatch.setattr(
-        ChunkFile,
-        "_columns_out",
-        lambda self, chunks, *a: staged.append(len(chunks)) or columns_out(self, chunks, *a),
+        ChunkBoxes,
+        "copy_out",
+        lambda self, box, *a: staged.append(box.size) or copy_out(self, box, *a),
     )
     src = _source(path)
     reader = src.chunk_reader()
-    assert reader is not None and reader._stage_chunks == stage_chunks
+    assert reader is not None and reader._boxes is not None
+    assert reader._boxes.stage == stage_chunks
     _check_reads(src, _reference(path), 8)
-    # 6 column chunks per row chunk: side by side `stage_chunks` at a time (one by one: copied
-    # out as each is decoded).
-    assert (max(staged) if staged else 1) == stage_chunks
+    # Boxes of `stage_chunks` or fewer (one by one: copied out as each is decoded).
+    assert (max(staged) if staged else 1) == largest[stage_chunks]
 
 
 def test_a_damaged_column_chunk_read_in_a_run_is_named(tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ with 1 or 2 reader threads; raw chunks 18-24 k with one thread and 42-45 k with 
 
 Block reads ask for runs of a row chunk's chunks at once (:meth:`ChunkFile.read_pieces_into`), so
 the Python work per chunk, which holds the GIL, stays small: chunks stored one after another are
-read with one ``pread``, and chunks that split only axis 1 (a table's columns, as h5py's
-``chunks=True`` cuts a 2-D dataset) are decoded side by side and copied out with one copy.
+read with one ``pread``, and chunks that split rows (a table's columns, an image's tiles and
+channels, as h5py's ``chunks=True`` cuts them) are decoded side by side a box of the chunk grid
+at a time and copied out together (:mod:`.chunkboxes`): a few copies per box, not one per chunk.
 
 The values are those h5py returns, bit for bit: chunks never written read as the fill value, a
 fletcher32 checksum is verified as HDF5 verifies it, and a chunk that fails to decode raises
@@ -42,6 +43,7 @@ import numpy.typing as npt
 from .._errors import CorruptDataError
 from .._forks import renew_after_fork
 from . import workbuffers
+from .chunkboxes import ChunkBoxes
 from .h5codecs import ChecksumError, ChunkDecoder, Stage, StageError, Undecodable, pipeline
 from .h5layout import ChunkLayout, chunk_index
 
@@ -52,8 +54,8 @@ __all__ = ["ChunkFile"]
 #: object wrap context") or crashed. It is taken here for that call.
 _H5PY_LOCK: Any = getattr(getattr(h5py, "_objects", None), "phil", None) or contextlib.nullcontext()
 
-#: Most bytes of chunks that split only axis 1 decoded side by side before they are copied out.
-STAGE_BYTES = 2 << 20
+#: Most bytes of chunks that split rows decoded side by side before they are copied out.
+STAGE_BYTES = 4 << 20
 #: Most stored bytes read with one call (chunks stored one after another).
 RUN_BYTES = 4 << 20
 
@@ -109,10 +111,13 @@ class ChunkFile:
         self._decoders: dict[int, ChunkDecoder] = {}  # by filter mask
         # Chunks hold whole rows: a whole chunk is one contiguous stretch of the output.
         self._whole_rows = self.chunks[1:] == self.shape[1:]
-        # Chunks split axis 1 alone: those of a row chunk are decoded side by side.
-        self._columns = len(self._rest) > 1 and self.chunks[2:] == self.shape[2:]
-        # Most chunks decoded side by side at once (a few MiB, to stay in the CPU's caches).
-        self._stage_chunks = max(1, STAGE_BYTES // self.nbytes)
+        # Chunks that split rows: those of a row chunk are decoded side by side a box at a time
+        # (at most a few MiB, to stay in the CPU's caches) and copied out together.
+        self._boxes = (
+            ChunkBoxes(self.shape, self.chunks, STAGE_BYTES // self.nbytes)
+            if len(self._rest) > 1
+            else None
+        )
 
     @classmethod
     def open(cls, layout: ChunkLayout, dataset: h5py.Dataset) -> ChunkFile | str:
@@ -320,21 +325,22 @@ class ChunkFile:
 
         The hot path of block reads, so the work per chunk that holds the GIL is kept small:
         chunks stored one after another are read with one ``preadv`` (straight into ``out`` when
-        they are whole rows stored unfiltered), and chunks that split only axis 1 (a table's
-        columns, as h5py's ``chunks=True`` cuts a 2-D dataset) are decoded side by side and
-        copied out with one copy, which writes each row's columns together rather than one
-        column at a time.
+        they are whole rows stored unfiltered), and chunks that split rows are decoded side by
+        side a box of the chunk grid at a time and copied out with a few copies per box
+        (:class:`.chunkboxes.ChunkBoxes`), each giving the GIL away once, not once per chunk.
         """
         start, stop, first, last = int(start), int(stop), int(first), int(last)
         rows, per_row = self.chunks[0], len(self._rest)
         g = start // rows * per_row  # piece 0's index in the chunk grid, flattened
-        if not self._columns:
+        boxes = self._boxes
+        if boxes is None:
             self._read_chunks(start, stop, g + first, g + last, out, None)
             return
         p = first
-        while p < last:  # a row chunk's columns side by side, a few MiB at a time
+        while p < last:  # a row chunk's chunks side by side, a box of a few MiB at a time
             j = p % per_row
-            k = min(per_row - j, last - p, self._stage_chunks)
+            box = boxes.box(j, min(per_row, j + last - p))
+            k = box.size
             if k == 1:
                 self._read_chunks(start, stop, g + p, g + p + 1, out, None)
             else:
@@ -345,7 +351,7 @@ class ChunkFile:
                     c = (g + p) // per_row
                     lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
                     local = slice(lo - c * rows, hi - c * rows)
-                    self._columns_out(slots, j, local, out[lo - start : hi - start])
+                    boxes.copy_out(box, slots, local, out[lo - start : hi - start])
                 finally:
                     workbuffers.give(staged)
             p += k
@@ -444,23 +450,6 @@ class ChunkFile:
         """The coordinates of chunk ``g`` of the flattened chunk grid."""
         c, j = divmod(g, len(self._rest))
         return (c, *self._rest[j][0])
-
-    def _columns_out(self, chunks: np.ndarray, j: int, local: slice, dest: np.ndarray) -> None:
-        """Rows ``local`` of ``chunks`` (decoded side by side; chunks ``j ..`` along axis 1,
-        which alone is split) into ``dest``: one copy for the chunks inside the dataset."""
-        k, width = len(chunks), self.chunks[1]
-        first = j * width
-        inside = min(k, (self.shape[1] - first) // width)
-        if inside:
-            part = dest[:, first : first + inside * width]
-            strides = (part.strides[0], width * part.strides[1], *part.strides[1:])
-            split = np.lib.stride_tricks.as_strided(
-                part, (len(part), inside, width, *part.shape[2:]), strides, writeable=True
-            )
-            split[...] = chunks[:inside, local].swapaxes(0, 1)
-        if inside < k:  # the last chunk reaches past the dataset's last column
-            edge = dest[:, first + inside * width :]
-            edge[...] = chunks[inside, local, : edge.shape[1]]
 
     def read(self, indices: npt.NDArray[np.int64], out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``indices`` (sorted, unique), in ``out`` if given, else in a new array. Every
