@@ -23,7 +23,7 @@ from zarr.codecs import (
 )
 
 import arrayfeed as af
-from arrayfeed._storage import workbuffers, zarrchunks
+from arrayfeed._storage import workbuffers, zarrcodecs
 from arrayfeed._storage.zarr import ZarrSource
 from arrayfeed._storage.zarrchunks import ChunkReader
 
@@ -188,9 +188,9 @@ def test_crc32c_chunks_are_checked_by_either_checksum(
     byte found, whether the checksum runs outside the GIL (the `zarr-crc32c` extra, which the
     test extra installs) or in numcodecs."""
     if checksum == "numcodecs":
-        monkeypatch.setattr(zarrchunks, "crc32c_checksum", numcodecs.CRC32C.checksum)
+        monkeypatch.setattr(zarrcodecs, "crc32c_checksum", numcodecs.CRC32C.checksum)
     else:
-        assert zarrchunks.crc32c_checksum is not numcodecs.CRC32C.checksum
+        assert zarrcodecs.crc32c_checksum is not numcodecs.CRC32C.checksum
     data = np.random.default_rng(1).integers(0, 1 << 40, (1000, 40), dtype=np.int64)
     z = _array(tmp_path / "a.zarr", data, (100, 40), compressors=[Crc32cCodec()])
     source = ZarrSource(z)
@@ -228,7 +228,7 @@ def test_an_unusable_crc32c_package_falls_back_to_numcodecs(
     monkeypatch: pytest.MonkeyPatch, package: Any
 ) -> None:
     monkeypatch.setitem(__import__("sys").modules, "crc32c", package)
-    assert zarrchunks._crc32c_checksum() is numcodecs.CRC32C.checksum
+    assert zarrcodecs._crc32c_checksum() is numcodecs.CRC32C.checksum
 
 
 def test_uncommon_layouts_are_read_through_zarr(tmp_path: Path) -> None:
@@ -406,12 +406,12 @@ def test_declared_frame_sizes() -> None:
     for n in [0, 1, 255, 256, 257, 65535, 65791, 65792, 1 << 20, (5 << 20) + 3]:
         raw = rng.integers(0, 4, n, dtype=np.uint8).tobytes()
         for level in (0, 1, 9):
-            assert zarrchunks._zstd_nbytes(numcodecs.Zstd(level=level).encode(raw)) == n
-        assert zarrchunks._blosc_nbytes(numcodecs.Blosc().encode(raw)) == n
+            assert zarrcodecs._zstd_nbytes(numcodecs.Zstd(level=level).encode(raw)) == n
+        assert zarrcodecs._blosc_nbytes(numcodecs.Blosc().encode(raw)) == n
     # A frame that declares no size (streamed): descriptor 0, a window byte, then blocks.
-    assert zarrchunks._zstd_nbytes(b"\x28\xb5\x2f\xfd\x00\x48" + bytes(8)) == -1
-    assert zarrchunks._zstd_nbytes(b"not zstd at all") == -1
-    assert zarrchunks._blosc_nbytes(b"short") == -1
+    assert zarrcodecs._zstd_nbytes(b"\x28\xb5\x2f\xfd\x00\x48" + bytes(8)) == -1
+    assert zarrcodecs._zstd_nbytes(b"not zstd at all") == -1
+    assert zarrcodecs._blosc_nbytes(b"short") == -1
 
 
 def test_the_kept_buffers_follow_the_chunk_sizes_read_now() -> None:
@@ -486,3 +486,91 @@ def test_a_cut_blosc_chunk_is_named_as_corrupt(tmp_path: Path) -> None:
     np.testing.assert_array_equal(reader.read(np.arange(10, dtype=np.int64)), data[:10])
     with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\).*Blosc frame says"):
         reader.read(np.arange(10, 20, dtype=np.int64))
+
+
+@pytest.mark.parametrize("checksum", ["crc32c package", "numcodecs"])
+@pytest.mark.parametrize("compressor", ["none", "crc32c"])
+def test_whole_chunks_stored_as_they_are_are_read_straight_into_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressor: str, checksum: str
+) -> None:
+    """What `convert` writes (whole-row chunks, uncompressed, crc32c): a block read that covers
+    a chunk whole reads its file into the output, no copy; chunks it covers in part, the short
+    last chunk and chunks never written go the copying way; the values are Zarr's either way."""
+    if checksum == "numcodecs":
+        monkeypatch.setattr(zarrcodecs, "crc32c_checksum", numcodecs.CRC32C.checksum)
+    data = np.random.default_rng(5).integers(0, 1 << 30, (95, 6, 2), dtype=np.int32)
+    array = _array(tmp_path / "a.zarr", data, (10, 6, 2), compressors=COMPRESSORS[compressor])
+    (tmp_path / "a.zarr" / "c" / "3" / "0" / "0").unlink()  # never written: the fill value
+    want = np.asarray(array[...])
+    source = ZarrSource(array)
+    reader = source.chunk_reader
+    assert reader is not None and reader._direct
+    copies: list[tuple[int, ...]] = []
+    copy_chunk = reader._copy_chunk
+    monkeypatch.setattr(
+        reader, "_copy_chunk", lambda coords, *a: copies.append(coords) or copy_chunk(coords, *a)
+    )
+    for start, stop, direct, copied in [
+        (0, 95, 8, [(3, 0, 0), (9, 0, 0)]),  # chunk 3 missing, chunk 9 is 5 rows of 10
+        (5, 41, 2, [(0, 0, 0), (3, 0, 0), (4, 0, 0)]),
+        (20, 30, 1, []),
+    ]:
+        reader.direct, copies[:] = 0, []
+        out = np.full((stop - start, 6, 2), -1, dtype=np.int32)
+        for piece in range(source.range_pieces(start, stop)):
+            source.read_pieces_into(start, stop, piece, piece + 1, out)
+        np.testing.assert_array_equal(out, want[start:stop])
+        assert reader.direct == direct and copies == copied
+    out = np.full((20, 6, 2), -1, dtype=np.int32)[::2]  # not contiguous: copied
+    source.read_pieces_into(0, 10, 0, 1, out)
+    np.testing.assert_array_equal(out, want[:10])
+
+
+@pytest.mark.parametrize("damage", ["flip", "short", "long"])
+def test_a_damaged_chunk_read_straight_into_the_output_is_named(
+    tmp_path: Path, damage: str
+) -> None:
+    """A flipped byte fails the checksum; a file cut short or grown is not a stored chunk's
+    size and goes the copying way, which names it; the chunks around it read correctly."""
+    data = np.random.default_rng(6).integers(0, 1 << 30, (40, 8), dtype=np.int64)
+    array = _array(tmp_path / "a.zarr", data, (10, 8), compressors=COMPRESSORS["crc32c"])
+    chunk = tmp_path / "a.zarr" / "c" / "2" / "0"
+    raw = bytearray(chunk.read_bytes())
+    if damage == "flip":
+        raw[37] ^= 0x10
+    elif damage == "short":
+        raw = raw[:-9]
+    else:
+        raw += b"\x00" * 8
+    chunk.write_bytes(bytes(raw))
+    source = ZarrSource(array)
+    out = np.empty((40, 8), np.int64)
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(2, 0\) \(key 'c/2/0'\)"):
+        source.read_pieces_into(0, 40, 2, 3, out)
+    source.read_pieces_into(0, 40, 0, 2, out)
+    source.read_pieces_into(0, 40, 3, 4, out)
+    np.testing.assert_array_equal(out[:20], data[:20])
+    np.testing.assert_array_equal(out[30:], data[30:])
+
+
+def test_a_chunk_read_straight_into_the_output_continues_short_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read may return fewer bytes than asked (network file systems, signals): the read into
+    the output and its checksum's bytes go on from where it stopped."""
+    data = np.random.default_rng(7).integers(0, 1 << 30, (20, 301), dtype=np.int64)
+    array = _array(tmp_path / "a.zarr", data, (10, 301), compressors=COMPRESSORS["crc32c"])
+    preadv, calls = os.preadv, []
+
+    def at_most_999_bytes(fd: int, buffers: list[Any], offset: int) -> int:
+        calls.append(offset)
+        return preadv(fd, [memoryview(buffers[0])[:999]], offset)
+
+    monkeypatch.setattr(os, "preadv", at_most_999_bytes)
+    source = ZarrSource(array)
+    reader = source.chunk_reader
+    assert reader is not None
+    out = np.empty((20, 301), np.int64)
+    source.read_pieces_into(0, 20, 0, 2, out)
+    np.testing.assert_array_equal(out, data)
+    assert reader.direct == 2 and len(calls) == 2 * (-(-(10 * 301 * 8) // 999) + 1)

@@ -12,7 +12,9 @@ missing chunks are the fill value, or an error when the store is strict.
 
 Local chunk files are read into reused work buffers (:mod:`.workbuffers` says why), the CRC-32C
 of a chunk is checked where it lies, and Blosc and Zstandard chunks decode into a reused buffer
-when their frame declares exactly a chunk's size.
+when their frame declares exactly a chunk's size. Chunks of whole rows stored as they are (no
+compressor, a trailing CRC-32C at most: what ``arrayfeed convert`` writes by default) that a
+block read covers whole are read straight into its output, with no copy.
 
 Arrays on object storage (Zarr's ``FsspecStore``: ``s3://`` …) are read the same way, except
 that chunk objects come from a :class:`~.remote.Fetcher`: every chunk a read touches (a whole
@@ -37,9 +39,9 @@ from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from .._errors import CorruptDataError
-from . import workbuffers
-from .frames import blosc_nbytes as _blosc_nbytes
+from . import workbuffers, zarrcodecs
 from .remote import Fetcher, sync_filesystem
+from .zarrcodecs import CodecDecoder, Decoder, codec_label, crc32c_end, decoder, describe_codecs
 
 __all__ = [
     "ChunkReader",
@@ -49,114 +51,6 @@ __all__ = [
     "missing_chunk_error",
     "unwrap_store",
 ]
-
-#: ``decode(data, out)``: the decoded bytes of ``data``; ``out`` is None or a free work buffer
-#: of exactly one decoded chunk's size, which the decoder may fill and return.
-Decoder = Callable[[Any, "np.ndarray | None"], Any]
-
-
-def _crc32c_checksum() -> Callable[[np.ndarray], int]:
-    """CRC-32C of a buffer: with the ``crc32c`` package (the ``zarr-crc32c`` extra) computed
-    outside the GIL, so reader threads check their chunks at once; else numcodecs' (through
-    ``google_crc32c``), which holds the GIL: ~30 us per MiB that no other reader thread runs."""
-    from numcodecs.checksum32 import CRC32C
-
-    try:
-        import crc32c
-
-        # The check value of CRC-32C: an old crc32c (no `gil_release_mode`, before 2.5) or one
-        # without a usable implementation (CRC32C_SW_MODE=none on a CPU without the
-        # instruction) fails here, not on every chunk as if the store were corrupt.
-        if crc32c.crc32c(b"123456789", gil_release_mode=1) != 0xE3069283:
-            raise ValueError("crc32c computes a wrong check value")
-    except Exception:
-        return CRC32C.checksum  # type: ignore[no-any-return]
-
-    def checksum(body: np.ndarray) -> int:
-        return int(crc32c.crc32c(body.data, gil_release_mode=1))
-
-    return checksum
-
-
-#: How :func:`_crc32c_end` computes a checksum (one choice per process).
-crc32c_checksum = _crc32c_checksum()
-
-
-def _crc32c_end(data: Any, out: np.ndarray | None) -> np.ndarray:
-    """The bytes of ``data`` before its trailing CRC-32C (Zarr v3's ``crc32c`` codec), checked,
-    as a read-only view: ``numcodecs.CRC32C.decode`` would copy them."""
-    view = np.frombuffer(data, dtype=np.uint8)
-    if view.nbytes < 4:
-        raise ValueError(f"{view.nbytes} bytes cannot hold a crc32c checksum")
-    body = view[:-4]
-    body.flags.writeable = False  # the checksum takes read-only buffers
-    stored, computed = int.from_bytes(view[-4:].tobytes(), "little"), crc32c_checksum(body)
-    if stored != computed:
-        raise RuntimeError(
-            f"Stored and computed crc32c checksum do not match. Stored: {stored}. "
-            f"Computed: {computed}."
-        )
-    return body
-
-
-def _zstd_nbytes(data: Any) -> int:
-    """The decoded size a Zstandard frame declares in its header (RFC 8878, 3.1.1.1), or -1 when
-    it declares none. numcodecs has no call for it."""
-    view = memoryview(data).cast("B")
-    if view.nbytes < 6 or bytes(view[:4]) != b"\x28\xb5\x2f\xfd":
-        return -1
-    descriptor = view[4]
-    fcs_flag, single, dict_flag = descriptor >> 6, descriptor >> 5 & 1, descriptor & 3
-    size = (1 if single else 0) if fcs_flag == 0 else (2, 4, 8)[fcs_flag - 1]
-    at = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
-    if size == 0 or view.nbytes < at + size:
-        return -1
-    value = int.from_bytes(view[at : at + size], "little")
-    return value + 256 if size == 2 else value
-
-
-#: Codecs that decode into a given buffer, and the decoded size each frame declares.
-_DECLARED_SIZE: dict[str, Callable[[Any], int]] = {"blosc": _blosc_nbytes, "zstd": _zstd_nbytes}
-
-
-class _Stage:
-    """The decoder of a ``numcodecs`` codec (picklable, as readers travel to worker processes).
-    Blosc and Zstandard decode into ``out`` when the frame declares exactly its size, so a short
-    frame cannot leave a previous chunk's bytes in it; anything else gets a new buffer."""
-
-    def __init__(self, codec: Any) -> None:
-        self.codec = codec
-        #: The decoded size a frame declares, for codecs that can decode into a buffer.
-        self.declared = _DECLARED_SIZE.get(getattr(codec, "codec_id", None) or "")
-
-    def __call__(self, data: Any, out: np.ndarray | None) -> Any:
-        # Blosc trusts its own header for the stored size: a cut frame decodes to garbage, so
-        # the header is checked against what is stored first (it raises if they differ).
-        size = self.declared(data) if self.declared is not None else -1
-        if out is not None and size == out.nbytes:
-            return self.codec.decode(data, out=out)
-        return self.codec.decode(data)
-
-
-def codec_label(codec: Any) -> str:
-    """A codec's name: ``"zstd"``, ``"blosc"``, ``"crc32c"`` … (Zarr v3 codecs or numcodecs)."""
-    label = getattr(codec, "codec_id", None) or type(codec).__name__.removesuffix("Codec").lower()
-    return str(label)
-
-
-def describe_codecs(array: Any) -> str:
-    """The compressors of a Zarr array, as ``inspect`` shows them (``"blosc(lz4,5)+crc32c"``)."""
-    names = []
-    for codec in array.compressors:
-        detail = [
-            str(getattr(codec, attr))
-            for attr in ("cname", "clevel", "level")
-            if hasattr(codec, attr)
-        ]
-        detail = [d.rsplit(".", 1)[-1] for d in detail]
-        label = codec_label(codec)
-        names.append(f"{label}({','.join(detail)})" if detail else label)
-    return "+".join(names) or "none"
 
 
 def unwrap_store(store: Store) -> Store:
@@ -173,6 +67,23 @@ def _read_rest(fd: int, data: bytes) -> bytes:
     while part := os.pread(fd, 1 << 20, sum(map(len, parts))):
         parts.append(part)
     return b"".join(parts)
+
+
+def _preadv_all(fd: int, buffers: list[memoryview]) -> int:
+    """Fill ``buffers`` from the start of file ``fd`` on, one after another, continuing reads
+    that return less than asked; the bytes read (fewer only at the file's end)."""
+    total, got = sum(b.nbytes for b in buffers), 0
+    while got < total:
+        rest, skip = [], got  # the buffers from byte `got` on
+        for b in buffers:
+            if skip < b.nbytes:
+                rest.append(b[skip:])
+            skip = max(0, skip - b.nbytes)
+        n = os.preadv(fd, rest, got)
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _chunk_coords(key: str) -> tuple[int, ...]:
@@ -200,22 +111,6 @@ def corrupt_chunk_error(
     )
 
 
-def _decoder(spec: dict[str, Any]) -> Decoder | None:
-    """A bytes-to-bytes decoder for a Zarr v3 codec, or None if this module cannot run it."""
-    import numcodecs
-
-    name = spec.get("name")
-    if name == "zstd":
-        return _Stage(numcodecs.Zstd())
-    if name == "blosc":
-        return _Stage(numcodecs.Blosc())
-    if name == "gzip":
-        return _Stage(numcodecs.GZip())
-    if name == "crc32c":
-        return _crc32c_end  # Zarr v3 puts the checksum after the data
-    return None
-
-
 def _v3_layout(
     array: zarr.Array[Any], dtype: np.dtype[Any]
 ) -> tuple[np.dtype[Any], list[Decoder]] | None:
@@ -228,7 +123,7 @@ def _v3_layout(
     endian = (codecs[0].get("configuration") or {}).get("endian")
     if dtype.itemsize > 1:
         dtype = dtype.newbyteorder("<" if endian in (None, "little") else ">")
-    decoders = [_decoder(spec) for spec in codecs[1:]]
+    decoders = [decoder(spec) for spec in codecs[1:]]
     if any(d is None for d in decoders):
         return None
     return dtype, [d for d in reversed(decoders) if d is not None]
@@ -241,7 +136,7 @@ def _v2_layout(array: zarr.Array[Any]) -> tuple[np.dtype[Any], list[Decoder]] | 
     if meta.filters or meta.order != "C":
         return None
     stored = np.dtype(meta.dtype.to_native_dtype())  # the byte order written in .zarray
-    return stored, [_Stage(meta.compressor)] if meta.compressor is not None else []
+    return stored, [CodecDecoder(meta.compressor)] if meta.compressor is not None else []
 
 
 class ChunkReader:
@@ -272,10 +167,23 @@ class ChunkReader:
         # into one, and the chunk is large enough to be worth it.
         final = self.decoders[-1] if self.decoders else None
         self._lend_decoded = (
-            isinstance(final, _Stage)
+            isinstance(final, CodecDecoder)
             and final.declared is not None
             and self._chunk_bytes >= workbuffers.MIN_BYTES
         )
+        # Chunks read straight into the output (no copy) when a block read covers them whole:
+        # local files of whole rows stored as they are (a trailing CRC-32C at most), in the
+        # output's byte order.
+        self._direct = (
+            root is not None
+            and fetcher is None
+            and tuple(chunks[1:]) == tuple(shape[1:])
+            and dtype.isnative
+            and all(d is crc32c_end for d in self.decoders)
+            and len(self.decoders) <= 1
+        )
+        self._tail = 4 * len(self.decoders)  # the CRC-32C's bytes after the chunk's
+        self.direct = 0  # chunks read straight into an output (for tests and benchmarks)
         # Chunk coordinates along every axis but the first, the region of a row each covers, and
         # the part of the chunk that lies inside the array.
         grid = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
@@ -378,10 +286,17 @@ class ChunkReader:
         rows, per_row = self.chunks[0], len(self._rest)
         if self.fetcher is not None:  # the whole range in flight, not just these pieces
             self.fetcher.fetch(self._keys(start, stop))
+        direct = self._direct and out.flags.c_contiguous
         for piece in range(first, last):
             c = start // rows + piece // per_row
             rest, region, inner = self._rest[piece % per_row]
             lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+            if (
+                direct
+                and hi - lo == rows
+                and self._read_into((c, *rest), out[lo - start : hi - start])
+            ):
+                continue
             self._copy_chunk(
                 (c, *rest),
                 (slice(lo - c * rows, hi - c * rows), *inner),
@@ -432,6 +347,41 @@ class ChunkReader:
             out[at] = chunk[part]
         finally:
             workbuffers.work.give(raw, decoded)
+
+    def _read_into(self, coords: tuple[int, ...], dest: np.ndarray) -> bool:
+        """Read chunk ``coords`` (whole rows, stored as they are) straight into ``dest``
+        (C-contiguous, its size), checking its CRC-32C; False, with ``dest`` in any state,
+        when its file is missing or not a stored chunk's size (the copying path then reads it
+        and names what is wrong). Such a chunk's size is fixed, so its file is read to that
+        size, not on to its end."""
+        assert self.root is not None
+        key = self.key(coords)
+        try:
+            fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            if size != self._chunk_bytes + self._tail:
+                return False
+            body = dest.reshape(-1).view(np.uint8)
+            tail = bytearray(self._tail)
+            if _preadv_all(fd, [body.data, memoryview(tail)] if tail else [body.data]) != size:
+                return False  # cut short while read
+        finally:
+            os.close(fd)
+        if tail:
+            body = body.view()
+            body.flags.writeable = False  # the checksum takes read-only buffers
+            stored, computed = int.from_bytes(tail, "little"), zarrcodecs.crc32c_checksum(body)
+            if stored != computed:
+                error = RuntimeError(
+                    f"Stored and computed crc32c checksum do not match. Stored: {stored}. "
+                    f"Computed: {computed}."
+                )
+                raise corrupt_chunk_error(self.name, coords, key, error)
+        self.direct += 1
+        return True
 
     @staticmethod
     def _read_file(path: str) -> tuple[memoryview | None, np.ndarray | None]:
