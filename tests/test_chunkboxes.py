@@ -6,9 +6,11 @@ import itertools
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arrayfeed._storage import chunkboxes
 from arrayfeed._storage.chunkboxes import ChunkBoxes
 
 
@@ -113,3 +115,36 @@ def test_an_image_row_chunk_is_a_few_boxes() -> None:
     assert counts == [15, 9] * 16
     whole = ChunkBoxes((60_000, 64, 64, 3), (3750, 4, 8, 1), 384)
     assert whole.box(0, 384).size == 384 and whole.box(24, 384).size == 360
+
+
+def test_planned_boxes_are_bounded(monkeypatch: Any) -> None:
+    """A grid of very many chunks keeps at most ``PLANNED`` boxes, and the boxes planned after
+    it starts again are the same."""
+    monkeypatch.setattr(chunkboxes, "PLANNED", 5)
+    boxes = ChunkBoxes((10, 40, 3), (2, 1, 1), 4)
+    fresh = ChunkBoxes((10, 40, 3), (2, 1, 1), 4)
+    for first in range(boxes.per_row):
+        assert boxes.box(first, boxes.per_row) == fresh._plan(first, min(4, boxes.per_row - first))
+        assert len(boxes._boxes) <= 5
+
+
+@pytest.mark.parametrize("dtype", ["u1", "<f2", ">i4", "V3", "c16", "V12"])
+def test_copy_out_moves_any_item_size_in_wide_words(dtype: str) -> None:
+    """Channels one element wide after a run of 2 or 4 elements: the run is moved as words of
+    up to 8 bytes whatever the item size (3 bytes: a run of 4 is 12 bytes, moved as 4-byte
+    words), bit for bit."""
+    shape, chunks = (9, 6, 8, 3), (4, 3, 4, 1)  # runs of 4 elements; 2 x 2 x 3 chunks per row
+    boxes = ChunkBoxes(shape, chunks, 12)
+    assert boxes.tail == 2
+    rng = np.random.default_rng(0)
+    item = np.dtype(dtype).itemsize
+    values = np.frombuffer(rng.bytes(4 * 6 * 8 * 3 * item), dtype=dtype).reshape(4, 6, 8, 3)
+    box = boxes.box(0, boxes.per_row)
+    assert box.size == 12
+    staged = np.empty((12, *chunks), dtype=dtype)
+    for x in range(12):
+        y, z, c = np.unravel_index(x, (2, 2, 3))
+        staged[x] = values[:, 3 * y : 3 * y + 3, 4 * z : 4 * z + 4, c : c + 1]
+    out = np.zeros((3, 6, 8, 3), dtype=dtype)
+    boxes.copy_out(box, staged, slice(1, 4), out)
+    assert out.tobytes() == values[1:4].tobytes()

@@ -545,6 +545,38 @@ def test_edge_chunks_stored_at_raw_size_are_left_to_hdf5(tmp_path: Path) -> None
     assert reader.decoded > 0 and reader.via_hdf5 > 0
 
 
+def test_a_damaged_edge_chunk_left_to_hdf5_is_named(tmp_path: Path) -> None:
+    """An edge chunk stored at its raw size goes through HDF5; when its bytes are damaged, the
+    filter's failure there is a CorruptDataError naming the chunk, as a failure here is, on
+    every read path (the box path included: the chunks split rows)."""
+    path = tmp_path / "a.h5"
+    rng = np.random.default_rng(1)
+    for _ in range(100):  # values whose filtered edge chunk happens to take its raw 21 bytes
+        data = rng.integers(0, 4, (10, 3, 2)).astype("u1")
+        options = {"compression": "lzf", "shuffle": True, "fletcher32": True}
+        _write(path, data, (7, 3, 1), options)
+        with h5py.File(path, "r") as f:
+            info = f["x"].id.get_chunk_info(2)  # chunk (1, 0, 0): rows 7..9 of 7
+        if info.size == 21 and info.filter_mask == 0:
+            break
+    else:
+        pytest.fail("no edge chunk was stored at its raw size")
+    _flip(path, info.byte_offset + 2)
+    src = _source(path)
+    reader = src.chunk_reader()
+    assert reader is not None and reader._boxes is not None
+    out = np.empty_like(data)
+    reads = [
+        lambda: src.read_range_into(0, 10, out),
+        lambda: src.read_pieces_into(0, 10, 0, src.range_pieces(0, 10), out),
+        lambda: src.read(np.arange(10, dtype=np.int64)),
+    ]
+    for read in reads:
+        with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0, 0\).*cannot be read by"):
+            read()
+    _assert_same(src.read_run(0, 7), data[:7])
+
+
 def _hdf5_library() -> Any:
     """The HDF5 library h5py loaded, through ctypes (None where it cannot be found)."""
     import ctypes

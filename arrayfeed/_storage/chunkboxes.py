@@ -25,7 +25,11 @@ import numpy as np
 
 from . import workbuffers
 
-__all__ = ["Box", "ChunkBoxes"]
+__all__ = ["PLANNED", "Box", "ChunkBoxes"]
+
+#: Most boxes a :class:`ChunkBoxes` keeps planned (a row chunk's reads start at the same few
+#: chunks over and over; a grid of millions of chunks must not keep one box per chunk).
+PLANNED = 4096
 
 
 class Box(NamedTuple):
@@ -73,6 +77,8 @@ class ChunkBoxes:
         key = (first, min(last - first, self.stage))
         box = self._boxes.get(key)
         if box is None:
+            if len(self._boxes) >= PLANNED:  # a grid of very many chunks: start again
+                self._boxes.clear()
             box = self._boxes[key] = self._plan(first, key[1])
         return box
 
@@ -109,7 +115,9 @@ class ChunkBoxes:
         buffer = workbuffers.lend(front.nbytes)
         try:
             planar = buffer[: front.nbytes].view(values.dtype).reshape(front.shape)
-            planar.view(f"u{word}")[...] = front.view(f"u{word}")
+            # Through bytes: a dtype's view as a smaller one needs its size to divide the
+            # dtype's, and the run (not the item) is what `word` divides.
+            planar.view(np.uint8).view(f"u{word}")[...] = front.view(np.uint8).view(f"u{word}")
             for at in itertools.product(*(range(w) for w in whole[tail:])):
                 pick = (slice(None),) * lead + tuple(
                     itertools.chain.from_iterable((i, 0) for i in at)

@@ -222,7 +222,7 @@ class ChunkFile:
             # An edge chunk stored at exactly its raw size may have been written unfiltered
             # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
             # let HDF5, which knows, read it.
-            return self._via_hdf5(region), False
+            return self._via_hdf5(coords, region), False
         decoder = self._decoder(mask)
         flat = out is None or (out.dtype is _BYTE and out.ndim == 1 and len(out) == self.nbytes)
         if decoder.writes_into and not flat:
@@ -230,7 +230,7 @@ class ChunkFile:
         try:
             raw = decoder(data, out)
         except Undecodable:
-            return self._via_hdf5(region), False
+            return self._via_hdf5(coords, region), False
         except StageError as exc:
             where = self._coords(coords) if isinstance(coords, int) else coords
             raise self._corrupt(where, exc) from exc.error
@@ -284,10 +284,19 @@ class ChunkFile:
             self._fill = fill
         return self._fill
 
-    def _via_hdf5(self, region: tuple[slice, ...]) -> np.ndarray:
+    def _via_hdf5(self, coords: Coords | int, region: tuple[slice, ...]) -> np.ndarray:
+        """The part in ``region`` of chunk ``coords`` (or its index in the flattened grid), as
+        h5py reads it; a failure (a filter that fails on damaged bytes) names the chunk."""
         with self._lock:
             self.via_hdf5 += 1
-        return np.asarray(self.dataset[region])
+        try:
+            return np.asarray(self.dataset[region])
+        except OSError as exc:
+            where = self._coords(coords) if isinstance(coords, int) else coords
+            raise CorruptDataError(
+                f"chunk {where} of HDF5 dataset '{self.name}' cannot be read by HDF5 ({exc}); "
+                "the file is corrupted. Restore it from a backup or re-create it."
+            ) from exc
 
     def _corrupt(self, coords: Coords, exc: StageError) -> CorruptDataError:
         start = tuple(c * k for c, k in zip(coords, self.chunks, strict=True))

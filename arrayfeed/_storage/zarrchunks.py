@@ -183,7 +183,9 @@ class ChunkReader:
             and len(self.decoders) <= 1
         )
         self._tail = 4 * len(self.decoders)  # the CRC-32C's bytes after the chunk's
-        self.direct = 0  # chunks read straight into an output (for tests and benchmarks)
+        # Chunks read straight into an output (for tests and benchmarks; counted without a
+        # lock, so exact when one thread reads).
+        self.direct = 0
         # Chunk coordinates along every axis but the first, the region of a row each covers, and
         # the part of the chunk that lies inside the array.
         grid = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
