@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,10 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
-from arrayfeed._storage import as_source, h5chunks, h5codecs, workbuffers
+from arrayfeed._storage import as_source, h5chunks, h5codecs, h5compressors, workbuffers
 from arrayfeed._storage.chunkboxes import ChunkBoxes
 from arrayfeed._storage.h5chunks import ChunkFile
-from arrayfeed._storage.h5codecs import Stage, fletcher32, pipeline
+from arrayfeed._storage.h5codecs import ChunkDecoder, Stage, StageError, fletcher32, pipeline
 from arrayfeed._storage.hdf5 import H5Source, open_hdf5
 
 from ._feeds import piece_runs
@@ -524,13 +525,51 @@ def test_in_memory_file_reads_through_h5py(tmp_path: Path) -> None:
 def test_without_imagecodecs_lzf_reads_through_h5py(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(h5codecs, "_imagecodecs", lambda: None)
+    monkeypatch.setattr(h5compressors, "imagecodecs_module", lambda: None)
     path = tmp_path / "a.h5"
     _write(path, _values("float32", (40, 5)), (8, 5), {"compression": "lzf"})
     src = _source(path)
     assert "arrayfeed[hdf5-codecs]" in src.read_path
     np.testing.assert_array_equal(src.read_run(0, 40), _reference(path))
     assert isinstance(pipeline([(32000, (4, 261, 160), "lzf")], 4), str)
+    # gzip is decoded here either way: by zlib without imagecodecs (libdeflate with it).
+    gzipped = tmp_path / "b.h5"
+    _write(gzipped, _values("float32", (40, 5)), (8, 2), {"compression": "gzip", "shuffle": True})
+    src = _source(gzipped)
+    assert src.read_path == "chunks"
+    _check_reads(src, _reference(gzipped), 8)
+    stages = pipeline([(1, (4,), "gzip")], 4)
+    assert not isinstance(stages, str) and stages[0].into is None
+
+
+@pytest.mark.parametrize("library", ["libdeflate", "zlib"])
+@pytest.mark.parametrize("into", [False, True])
+def test_deflate_streams_decode_as_hdf5_inflates_them(
+    monkeypatch: pytest.MonkeyPatch, library: str, into: bool
+) -> None:
+    """Either library: bytes after the zlib stream are ignored (HDF5 inflates to the stream's
+    end); a stream that holds fewer bytes than the chunk, one that holds more, and a damaged
+    one are each a failed stage, never a chunk padded with stale bytes."""
+    if library == "libdeflate" and not HAVE_IMAGECODECS:
+        pytest.skip("libdeflate comes with imagecodecs")
+    if library == "zlib":
+        monkeypatch.setattr(h5compressors, "imagecodecs_module", lambda: None)
+    stages = pipeline([(1, (6,), "gzip")], 1)
+    assert not isinstance(stages, str)
+    assert (stages[0].into is not None) == (library == "libdeflate")
+    assert (stages[0].decode is h5compressors._inflate) == (library == "zlib")
+    raw = np.random.default_rng(3).integers(0, 4, 5000, dtype=np.uint8).tobytes()
+    decoder = ChunkDecoder(stages, 0, len(raw))
+
+    def decode(data: bytes) -> bytes:
+        out = np.full(len(raw), 0xAB, dtype=np.uint8) if into else None
+        return bytes(decoder(data, out))
+
+    assert decode(zlib.compress(raw)) == raw
+    assert decode(zlib.compress(raw) + b"after the stream") == raw
+    for bad in (zlib.compress(raw[:-7]), zlib.compress(raw + b"more"), zlib.compress(raw)[:-9]):
+        with pytest.raises(StageError):
+            decode(bad)
 
 
 def test_edge_chunks_stored_at_raw_size_are_left_to_hdf5(tmp_path: Path) -> None:
