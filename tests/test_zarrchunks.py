@@ -489,13 +489,14 @@ def test_a_cut_blosc_chunk_is_named_as_corrupt(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("checksum", ["crc32c package", "numcodecs"])
-@pytest.mark.parametrize("compressor", ["none", "crc32c"])
-def test_whole_chunks_stored_as_they_are_are_read_straight_into_the_output(
+@pytest.mark.parametrize("compressor", ["none", "crc32c", "zstd", "blosc+crc32c"])
+def test_whole_chunks_go_straight_into_the_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressor: str, checksum: str
 ) -> None:
-    """What `convert` writes (whole-row chunks, uncompressed, crc32c): a block read that covers
-    a chunk whole reads its file into the output, no copy; chunks it covers in part, the short
-    last chunk and chunks never written go the copying way; the values are Zarr's either way."""
+    """Chunks of whole rows that a block read covers whole: read into the output when stored
+    as they are (what `convert` writes: no copying path at all), decoded into it when
+    compressed (Blosc, Zstandard); chunks it covers in part, the short last chunk and chunks
+    never written are copied; the values are Zarr's either way."""
     if checksum == "numcodecs":
         monkeypatch.setattr(zarrcodecs, "crc32c_checksum", numcodecs.CRC32C.checksum)
     data = np.random.default_rng(5).integers(0, 1 << 30, (95, 6, 2), dtype=np.int32)
@@ -504,7 +505,9 @@ def test_whole_chunks_stored_as_they_are_are_read_straight_into_the_output(
     want = np.asarray(array[...])
     source = ZarrSource(array)
     reader = source.chunk_reader
-    assert reader is not None and reader._direct
+    assert reader is not None
+    stored_as_is = compressor in ("none", "crc32c")
+    assert (reader._direct, reader._into_out) == (stored_as_is, not stored_as_is)
     copies: list[tuple[int, ...]] = []
     copy_chunk = reader._copy_chunk
     monkeypatch.setattr(
@@ -520,10 +523,38 @@ def test_whole_chunks_stored_as_they_are_are_read_straight_into_the_output(
         for piece in range(source.range_pieces(start, stop)):
             source.read_pieces_into(start, stop, piece, piece + 1, out)
         np.testing.assert_array_equal(out, want[start:stop])
-        assert reader.direct == direct and copies == copied
+        assert reader.direct == direct
+        if stored_as_is:
+            assert copies == copied
+    reader.direct = 0
     out = np.full((20, 6, 2), -1, dtype=np.int32)[::2]  # not contiguous: copied
     source.read_pieces_into(0, 10, 0, 1, out)
     np.testing.assert_array_equal(out, want[:10])
+    assert reader.direct == 0
+
+
+@pytest.mark.parametrize("compressor", ["crc32c", "zstd"])
+def test_whole_chunks_of_another_byte_order_are_copied(tmp_path: Path, compressor: str) -> None:
+    """Chunks stored big-endian are swapped into the output's native order by the copy: never
+    read or decoded straight into it."""
+    data = np.random.default_rng(8).standard_normal((30, 4))
+    array = _array(
+        tmp_path / "a.zarr",
+        data,
+        (10, 4),
+        compressors=COMPRESSORS[compressor],
+        serializer=BytesCodec(endian="big"),
+    )
+    raw = (tmp_path / "a.zarr" / "c" / "1" / "0").read_bytes()
+    if compressor == "crc32c":  # stored as is: the file holds the big-endian values
+        assert raw[:-4] == data[10:20].astype(">f8").tobytes()
+    source = ZarrSource(array)
+    reader = source.chunk_reader
+    assert reader is not None and not reader._direct and not reader._into_out
+    out = np.empty((30, 4), dtype="=f8")
+    source.read_pieces_into(0, 30, 0, 3, out)
+    np.testing.assert_array_equal(out, data)
+    assert reader.direct == 0
 
 
 @pytest.mark.parametrize("damage", ["flip", "short", "long"])

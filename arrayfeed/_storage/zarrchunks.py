@@ -183,8 +183,17 @@ class ChunkReader:
             and len(self.decoders) <= 1
         )
         self._tail = 4 * len(self.decoders)  # the CRC-32C's bytes after the chunk's
-        # Chunks read straight into an output (for tests and benchmarks; counted without a
-        # lock, so exact when one thread reads).
+        # Chunks of whole rows that a block read covers whole are decoded straight into the
+        # output where the decoder that yields them can write into a buffer (Blosc, Zstandard
+        # frames that declare their size), in the output's byte order: no copy.
+        self._into_out = (
+            tuple(chunks[1:]) == tuple(shape[1:])
+            and dtype.isnative
+            and isinstance(final, CodecDecoder)
+            and final.declared is not None
+        )
+        # Chunks read or decoded straight into an output (for tests and benchmarks; counted
+        # without a lock, so exact when one thread reads).
         self.direct = 0
         # Chunk coordinates along every axis but the first, the region of a row each covers, and
         # the part of the chunk that lies inside the array.
@@ -288,29 +297,33 @@ class ChunkReader:
         rows, per_row = self.chunks[0], len(self._rest)
         if self.fetcher is not None:  # the whole range in flight, not just these pieces
             self.fetcher.fetch(self._keys(start, stop))
-        direct = self._direct and out.flags.c_contiguous
+        whole_chunks = (self._direct or self._into_out) and out.flags.c_contiguous
         for piece in range(first, last):
             c = start // rows + piece // per_row
             rest, region, inner = self._rest[piece % per_row]
             lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
-            if (
-                direct
-                and hi - lo == rows
-                and self._read_into((c, *rest), out[lo - start : hi - start])
-            ):
+            into = out[lo - start : hi - start] if whole_chunks and hi - lo == rows else None
+            if into is not None and self._direct and self._read_into((c, *rest), into):
                 continue
             self._copy_chunk(
                 (c, *rest),
                 (slice(lo - c * rows, hi - c * rows), *inner),
                 out,
                 (slice(lo - start, hi - start), *region),
+                into if self._into_out else None,
             )
 
     def _copy_chunk(
-        self, coords: tuple[int, ...], part: tuple[Any, ...], out: np.ndarray, at: tuple[Any, ...]
+        self,
+        coords: tuple[int, ...],
+        part: tuple[Any, ...],
+        out: np.ndarray,
+        at: tuple[Any, ...],
+        into: np.ndarray | None = None,
     ) -> None:
         """``out[at] = chunk[part]`` for the chunk at ``coords``; its work buffers go back
-        after the copy."""
+        after the copy. ``into``: ``out[at]`` itself when it is the whole chunk, C-contiguous,
+        for the last decoder to write the chunk into (then nothing is copied)."""
         key = self.key(coords)
         data: Any
         raw = decoded = None
@@ -330,7 +343,9 @@ class ChunkReader:
                 # exactly its size (the one taken can be larger); earlier ones never do, so no
                 # decoder reads from the buffer it writes.
                 target = None
-                if self._lend_decoded:
+                if into is not None:
+                    target = into.reshape(-1).view(np.uint8)
+                elif self._lend_decoded:
                     decoded = workbuffers.work.take(self._chunk_bytes)
                     target = decoded[: self._chunk_bytes]
                 last = len(self.decoders) - 1
@@ -346,6 +361,9 @@ class ChunkReader:
                 raise
             except Exception as exc:
                 raise corrupt_chunk_error(self.name, coords, key, exc) from exc
+            if into is not None and chunk.ctypes.data == into.ctypes.data:
+                self.direct += 1  # decoded where it belongs
+                return
             out[at] = chunk[part]
         finally:
             workbuffers.work.give(raw, decoded)
