@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import types
 from pathlib import Path
@@ -157,6 +158,35 @@ def test_missing_chunks_read_as_the_fill_value_unless_strict(tmp_path: Path) -> 
     with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\) \(key 'c/1/0'\) .* missing"):
         strict.read(np.array([7], dtype=np.int64))
     np.testing.assert_array_equal(strict.read(np.array([0, 19], dtype=np.int64)), data[[0, 19]])
+
+
+@pytest.mark.parametrize(
+    ("compressor", "columns"),
+    [("crc32c", 1023), ("none", 1024), ("crc32c", 5)],  # a directory's 4,096 bytes: a chunk's
+)
+def test_a_directory_at_a_chunks_key_is_no_chunk_as_zarr_reads_it(
+    tmp_path: Path, compressor: str, columns: int
+) -> None:
+    """Zarr reads a directory where a chunk file would be as a missing chunk: the fill value,
+    or (strict) the missing-chunk error; never a read error naming no chunk, even when the
+    directory's size is a stored chunk's."""
+    data = np.arange(8 * columns, dtype=np.float32).reshape(8, columns)
+    z = _array(tmp_path / "a.zarr", data, (1, columns), compressors=COMPRESSORS[compressor])
+    chunk = tmp_path / "a.zarr" / "c" / "3" / "0"
+    chunk.unlink()
+    chunk.mkdir()
+    expected = np.asarray(z[...])
+    assert (expected[3] == 0).all()  # what Zarr itself returns: the fill value
+    for strict in (False, True):
+        source = ZarrSource(z, strict=strict)
+        out = np.full_like(data, -1)
+        if strict:
+            with pytest.raises(af.CorruptDataError, match=r"chunk \(3, 0\) .* is missing"):
+                source.read_pieces_into(0, 8, 3, 4, out)
+            continue
+        source.read_pieces_into(0, 8, 0, source.range_pieces(0, 8), out)
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(source.read(np.arange(8, dtype=np.int64)), expected)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "checksum"])
@@ -469,7 +499,7 @@ def test_a_chunk_file_read_short_or_grown_since_its_size_was_taken_is_read_whole
     np.testing.assert_array_equal(reader.read(np.arange(8, dtype=np.int64)), data)
     monkeypatch.setattr(os, "pread", pread)
     monkeypatch.setattr(os, "preadv", preadv)
-    shrunk = types.SimpleNamespace(st_size=size - 7)
+    shrunk = types.SimpleNamespace(st_size=size - 7, st_mode=stat.S_IFREG | 0o644)
     monkeypatch.setattr(os, "fstat", lambda fd: shrunk if fstat(fd).st_size == size else fstat(fd))
     np.testing.assert_array_equal(reader.read(np.arange(8, dtype=np.int64)), data)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -381,9 +382,10 @@ class ChunkReader:
         except FileNotFoundError:
             return False
         try:
-            size = os.fstat(fd).st_size
-            if size != self._chunk_bytes + self._tail:
+            st = os.fstat(fd)
+            if st.st_size != self._chunk_bytes + self._tail or not stat.S_ISREG(st.st_mode):
                 return False
+            size = st.st_size
             body = dest.reshape(-1).view(np.uint8)
             tail = bytearray(self._tail)
             if _preadv_all(fd, [body.data, memoryview(tail)] if tail else [body.data]) != size:
@@ -412,7 +414,10 @@ class ChunkReader:
         except FileNotFoundError:
             return None, None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a directory at a chunk's key: no chunk, as Zarr
+                return None, None
+            size = st.st_size
             if size < workbuffers.MIN_BYTES:
                 # One `pread` of a byte more than the file holds (a file object per chunk cost
                 # 8 us with the GIL held, this 4): a file that grew is read to its end.
