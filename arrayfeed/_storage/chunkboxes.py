@@ -7,9 +7,11 @@ NumPy call per chunk, and each such call on more than a few hundred elements giv
 and takes it back: beside a training loop that holds the GIL, every hand-off waits up to the
 interpreter's switch interval. Chunks that lie next to each other in the chunk grid's C order
 form a box of the grid when they start at a whole number of trailing sub-grids; decoded side by
-side into one buffer they are copied out together, with one copy per box, or one per position
-along trailing axes the chunks do not span (the channels above: a single copy would then move
-one element at a time between chunks, measured 2 times slower than a copy per channel).
+side into one buffer they are copied out together: one copy per box, or, where trailing axes
+have chunks one element wide (the channels above), one copy that moves each channel's chunks
+together in wide words and then one long strided copy per channel. A single copy would move one
+element at a time between chunks (measured 2 times slower than a copy per channel), and a copy
+per channel straight from the chunks 1.6 times slower than the two steps.
 
 Pure NumPy, no I/O: :class:`ChunkBoxes` plans which chunks are staged together and copies a
 staged box out; the storage readers decode into the buffer it describes.
@@ -105,7 +107,7 @@ class ChunkBoxes:
             return
         # Chunks one element wide along the trailing axes (an image's channels): a copy per
         # channel straight from the chunks moves runs of a few elements with a stride between
-        # them (2-3 times slower than below). First the chunks of each channel are moved
+        # them (1.6 times slower than below on 3,750 rows of 64 x 64 x 3 tiles in chunks of 4 x 8 x 1). First the chunks of each channel are moved
         # together, in whole runs as wide words (one run is often one word); then each
         # channel is one long strided copy.
         squeeze = (slice(None),) * lead + (slice(None), 0) * (d - tail)
