@@ -189,6 +189,43 @@ def test_a_directory_at_a_chunks_key_is_no_chunk_as_zarr_reads_it(
         np.testing.assert_array_equal(source.read(np.arange(8, dtype=np.int64)), expected)
 
 
+@pytest.mark.parametrize("compressor", ["none", "crc32c", "zstd"])
+def test_a_file_where_a_chunks_directory_would_be_is_no_chunk(
+    tmp_path: Path, compressor: str
+) -> None:
+    """A file in place of the directory a chunk's key runs through: no chunk there, as Zarr
+    reads it (the fill value; strict: the missing-chunk error naming it)."""
+    data = np.arange(12, dtype=np.int32).reshape(4, 3)
+    z = _array(tmp_path / "a.zarr", data, (2, 3), compressors=COMPRESSORS[compressor], fill_value=9)
+    shutil.rmtree(tmp_path / "a.zarr" / "c" / "1")
+    (tmp_path / "a.zarr" / "c" / "1").write_bytes(b"x")
+    expected = np.asarray(z[...])
+    assert (expected[2:] == 9).all()  # what Zarr itself returns
+    out = np.zeros((4, 3), np.int32)
+    ZarrSource(z, strict=False).read_pieces_into(0, 4, 0, 2, out)
+    np.testing.assert_array_equal(out, expected)
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(1, 0\) .* is missing"):
+        ZarrSource(z, strict=True).read_pieces_into(0, 4, 1, 2, out)
+
+
+@pytest.mark.parametrize("compressor", ["crc32c", "zstd"])
+def test_whole_chunks_into_an_output_of_another_dtype_are_converted(
+    tmp_path: Path, compressor: str
+) -> None:
+    """Reading or decoding straight into the output is for an output of the stored dtype;
+    another dtype of the same size (float32 for int32) is converted, like a partial chunk,
+    never filled with the stored bytes."""
+    data = np.arange(60, dtype=np.int32).reshape(20, 3)
+    z = _array(tmp_path / "a.zarr", data, (10, 3), compressors=COMPRESSORS[compressor])
+    source = ZarrSource(z)
+    reader = source.chunk_reader
+    assert reader is not None
+    out = np.zeros((20, 3), np.float32)
+    source.read_pieces_into(0, 20, 0, 2, out)
+    np.testing.assert_array_equal(out, data.astype(np.float32))
+    assert reader.direct == 0
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "checksum"])
 def test_a_damaged_chunk_is_a_corrupt_data_error_naming_it(tmp_path: Path, damage: str) -> None:
     data = np.arange(4000, dtype=np.int64).reshape(1000, 4)

@@ -298,7 +298,9 @@ class ChunkReader:
         rows, per_row = self.chunks[0], len(self._rest)
         if self.fetcher is not None:  # the whole range in flight, not just these pieces
             self.fetcher.fetch(self._keys(start, stop))
-        whole_chunks = (self._direct or self._into_out) and out.flags.c_contiguous
+        whole_chunks = (
+            (self._direct or self._into_out) and out.flags.c_contiguous and out.dtype == self.dtype
+        )
         for piece in range(first, last):
             c = start // rows + piece // per_row
             rest, region, inner = self._rest[piece % per_row]
@@ -379,7 +381,7 @@ class ChunkReader:
         key = self.key(coords)
         try:
             fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no chunk there, as Zarr reads it
             return False
         try:
             st = os.fstat(fd)
@@ -411,7 +413,7 @@ class ChunkReader:
         holds them."""
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no chunk there, as Zarr reads it
             return None, None
         try:
             st = os.fstat(fd)
