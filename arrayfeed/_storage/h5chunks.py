@@ -232,8 +232,7 @@ class ChunkFile:
         except Undecodable:
             return self._via_hdf5(coords, region), False
         except StageError as exc:
-            where = self._coords(coords) if isinstance(coords, int) else coords
-            raise self._corrupt(where, exc) from exc.error
+            raise self._corrupt(coords, _stage_problem(exc)) from exc.error
         values = np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)
         if edge:
             values = values[tuple(slice(0, r.stop - r.start) for r in region)]
@@ -292,21 +291,14 @@ class ChunkFile:
         try:
             return np.asarray(self.dataset[region])
         except OSError as exc:
-            where = self._coords(coords) if isinstance(coords, int) else coords
-            raise CorruptDataError(
-                f"chunk {where} of HDF5 dataset '{self.name}' cannot be read by HDF5 ({exc}); "
-                "the file is corrupted. Restore it from a backup or re-create it."
-            ) from exc
+            raise self._corrupt(coords, f"cannot be read by HDF5 ({exc})") from exc
 
-    def _corrupt(self, coords: Coords, exc: StageError) -> CorruptDataError:
+    def _corrupt(self, coords: Coords | int, problem: str) -> CorruptDataError:
+        """The error for chunk ``coords`` (or its index in the flattened grid): ``problem``."""
+        if isinstance(coords, int):
+            coords = self._coords(coords)
         start = tuple(c * k for c, k in zip(coords, self.chunks, strict=True))
         where = f"chunk {coords} (elements from {start}) of HDF5 dataset '{self.name}'"
-        if isinstance(exc.error, ChecksumError):
-            problem = f"fails its fletcher32 checksum ({exc.error})"
-        elif exc.stage is None:
-            problem = f"has the wrong size ({exc.error})"
-        else:
-            problem = f"cannot be decoded by its {exc.stage.name} filter ({exc.error})"
         return CorruptDataError(
             f"{where} {problem}; the file is corrupted. Restore it from a backup or re-create it."
         )
@@ -483,3 +475,12 @@ class ChunkFile:
                 with self._chunk((c, *rest), (row_region, *region)) as chunk:
                     out[(slice(a, b), *region)] = chunk[rows]
         return out
+
+
+def _stage_problem(exc: StageError) -> str:
+    """What is wrong with a chunk whose decoding failed with ``exc``."""
+    if isinstance(exc.error, ChecksumError):
+        return f"fails its fletcher32 checksum ({exc.error})"
+    if exc.stage is None:
+        return f"has the wrong size ({exc.error})"
+    return f"cannot be decoded by its {exc.stage.name} filter ({exc.error})"

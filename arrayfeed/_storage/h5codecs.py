@@ -246,9 +246,8 @@ def pipeline(
 
 def _into(code: int, values: Sequence[int]) -> DecodeInto | None:
     """The decoder of filter ``code`` that writes into a given buffer, where there is one."""
-    codecs = (
-        h5compressors.imagecodecs_module()
-    )  # looked up once: a lookup per chunk is GIL time on the hot path
+    # Looked up once, here: a lookup per chunk is GIL time on the hot path.
+    codecs = h5compressors.imagecodecs_module()
     if code == DEFLATE and codecs is not None and codecs.DEFLATE.available:
         return functools.partial(_decode_into, codecs.deflate_decode)
     if code == LZF and codecs is not None:

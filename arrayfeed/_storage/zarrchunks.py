@@ -395,15 +395,10 @@ class ChunkReader:
         finally:
             os.close(fd)
         if tail:
-            body = body.view()
-            body.flags.writeable = False  # the checksum takes read-only buffers
-            stored, computed = int.from_bytes(tail, "little"), zarrcodecs.crc32c_checksum(body)
-            if stored != computed:
-                error = RuntimeError(
-                    f"Stored and computed crc32c checksum do not match. Stored: {stored}. "
-                    f"Computed: {computed}."
-                )
-                raise corrupt_chunk_error(self.name, coords, key, error)
+            try:
+                zarrcodecs.check_crc32c(body.view(), bytes(tail))
+            except RuntimeError as exc:
+                raise corrupt_chunk_error(self.name, coords, key, exc) from exc
         self.direct += 1
         return True
 
@@ -428,12 +423,7 @@ class ChunkReader:
             # At least one byte more than the file holds: a file that grew is seen.
             raw = workbuffers.work.take(size + 1)
             view = raw.data  # the buffer itself, for os.preadv
-            got = 0
-            while got < len(view):  # a read may return less (network file systems, signals)
-                n = os.preadv(fd, [view[got:]], got)
-                if n == 0:
-                    break
-                got += n
+            got = _preadv_all(fd, [view[: size + 1]])
             if got <= size:
                 return view[:got], raw
             workbuffers.work.give(raw)  # it grew while read: read it whole, as it is now

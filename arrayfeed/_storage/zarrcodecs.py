@@ -19,6 +19,7 @@ __all__ = [
     "CodecDecoder",
     "Decoder",
     "codec_label",
+    "check_crc32c",
     "crc32c_checksum",
     "crc32c_end",
     "decoder",
@@ -64,14 +65,20 @@ def crc32c_end(data: Any, out: np.ndarray | None) -> np.ndarray:
     if view.nbytes < 4:
         raise ValueError(f"{view.nbytes} bytes cannot hold a crc32c checksum")
     body = view[:-4]
-    body.flags.writeable = False  # the checksum takes read-only buffers
-    stored, computed = int.from_bytes(view[-4:].tobytes(), "little"), crc32c_checksum(body)
+    check_crc32c(body, view[-4:].tobytes())
+    return body
+
+
+def check_crc32c(body: np.ndarray, checksum: bytes) -> None:
+    """Raise unless ``checksum`` (4 bytes, little-endian) is the CRC-32C of ``body`` (bytes,
+    made read-only here: the checksum takes read-only buffers)."""
+    body.flags.writeable = False
+    stored, computed = int.from_bytes(checksum, "little"), crc32c_checksum(body)
     if stored != computed:
         raise RuntimeError(
             f"Stored and computed crc32c checksum do not match. Stored: {stored}. "
             f"Computed: {computed}."
         )
-    return body
 
 
 def _zstd_nbytes(data: Any) -> int:
