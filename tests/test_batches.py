@@ -112,8 +112,8 @@ def test_stream_equals_from_arrays_bit_for_bit(
     config: str, stacked: bool, write: Write, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small blocks and windows, so that "block" really orders blocks of the Zarr / HDF5 chunks.
-    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.plan.WINDOW_BYTES", 2048)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.WINDOW_BYTES", 2048)
     if not stacked:  # every batch exceeds a group: batches come one per feed element
         monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
     kwargs = CONFIGS[config]

@@ -16,7 +16,8 @@ import zarr
 import arrayfeed as af
 from arrayfeed._pipeline import blocks
 from arrayfeed._pipeline.blocks import WindowCache
-from arrayfeed._pipeline.plan import BlockOrder, Plan
+from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.shuffles import BlockOrder
 
 
 class CountingChunked:
@@ -141,9 +142,9 @@ def test_a_full_cache_evicts_its_earliest_window() -> None:
 def test_reading_ahead_reads_every_block_once_per_epoch(
     threads: int, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
     monkeypatch.setattr(
-        "arrayfeed._pipeline.plan.WINDOW_BYTES", 3 * 64 * 8
+        "arrayfeed._pipeline.shuffles.WINDOW_BYTES", 3 * 64 * 8
     )  # windows of three blocks
     monkeypatch.setattr(
         "arrayfeed._pipeline.feed.GROUP_BYTES", 2 * batch * 8
@@ -177,8 +178,8 @@ def test_one_thread_serves_a_window_before_reading_the_next(
     """With one reader thread, the groups of a window come before the next window is read: its
     read-ahead would only hold them back (on 16 cores, one thread delivered 2 groups in 3 s)."""
     # blocks of one chunk, windows of three blocks, groups of two batches
-    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.plan.WINDOW_BYTES", 3 * 64 * 8)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.WINDOW_BYTES", 3 * 64 * 8)
     monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * 8 * 8)
     n = 64 * 12
     src = (Fetching if prefetching else CountingChunked)(np.arange(n), 64)
@@ -305,7 +306,7 @@ def test_a_thread_waiting_on_a_failed_read_reads_the_block_itself() -> None:
 def test_block_shuffle_reads_every_block_once_per_epoch(
     count: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
     n, chunk = 1003, 50
     data = np.arange(n)
     per_worker = []

@@ -174,8 +174,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def test_batches_stream_is_the_threads_stream_bit_for_bit(
     config: str, stacked: bool, write: Write, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.plan.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.plan.WINDOW_BYTES", 2048)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.shuffles.WINDOW_BYTES", 2048)
     if not stacked:
         monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
     kwargs = CONFIGS[config]

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._pipeline.permutation import permute
 from arrayfeed._pipeline.plan import Plan, shard_bounds
 
 
@@ -119,73 +118,6 @@ def test_seeking_a_step_equals_slicing_the_epoch(args: tuple) -> None:  # type: 
     for step in range(plan.steps):
         lo = step * plan.batch_size
         assert np.array_equal(plan.indices(3, step), whole[lo : lo + plan.batch_rows(step)])
-
-
-@given(
-    n=st.integers(1, 3000),
-    count=st.integers(1, 3),
-    block=st.integers(1, 200),
-    window=st.integers(1, 6),
-    seed=st.integers(0, 2**32),
-)
-@settings(max_examples=150, deadline=None)
-def test_block_order_is_local_to_windows(
-    n: int, count: int, block: int, window: int, seed: int
-) -> None:
-    for k in range(count):
-        try:
-            plan = Plan(
-                n_rows=n,
-                batch_size=7,
-                shard=af.Shard(count, k),
-                shuffle="block",
-                block_rows=block,
-                window_blocks=window,
-                seed=seed,
-            )
-        except af.ConfigError:
-            return
-        epoch = plan.indices(epoch=2, start_step=0, stop_step=plan.steps)
-        rows = plan.block_order(2).rows(np.arange(len(epoch), dtype=np.int64))
-        # Batches are the block order's batches, each in storage order.
-        for s in range(plan.steps):
-            lo, hi = s * 7, s * 7 + plan.batch_rows(s)
-            assert np.array_equal(epoch[lo:hi], np.sort(rows[lo:hi]))
-        # Window w holds exactly the rows of the blocks at slots [w*window, (w+1)*window) of the
-        # permuted block order (the last window may be cut short by the equal-steps rule).
-        order = plan.block_order(2)
-        slot = 0
-        while slot < order.count:
-            slots = np.arange(slot, min(slot + window, order.count), dtype=np.int64)
-            lo_row, hi_row = (
-                int(order.rows_before_slot(np.array(v))) for v in (slot, slot + window)
-            )
-            blocks = permute(slots, order.count, order.block_key)
-            lo, hi = order.block_bounds(blocks)
-            expected = set(
-                np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]).tolist()
-            )
-            got = rows[lo_row:hi_row].tolist()
-            assert len(set(got)) == len(got)
-            assert set(got) <= expected
-            if hi_row <= len(rows):
-                assert set(got) == expected
-            slot += window
-
-
-def test_block_mode_reads_chunks_in_random_order() -> None:
-    plan = Plan(
-        n_rows=100_000, batch_size=256, shuffle="block", block_rows=1000, window_blocks=4, seed=0
-    )
-    rows = plan.block_order(0).rows(np.arange(plan.rows_per_epoch, dtype=np.int64))
-    first_blocks = [int(b) for b in dict.fromkeys((rows // 1000).tolist())][:20]
-    assert first_blocks != sorted(first_blocks)
-    batch = plan.indices(0, 10)
-    assert len(np.unique(batch // 1000)) <= 8  # one window, or two at a boundary
-    other = Plan(
-        n_rows=100_000, batch_size=256, shuffle="block", block_rows=1000, window_blocks=4, seed=0
-    )
-    assert not np.array_equal(other.indices(1, 0, other.steps), rows)  # reshuffled per epoch
 
 
 def test_same_seed_same_plan_other_seed_other_plan() -> None:

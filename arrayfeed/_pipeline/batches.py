@@ -220,7 +220,7 @@ class Batches:
         plan = self._feed.plan
         return (
             f"Batches(steps={plan.steps}, batch_size={plan.batch_size}, "
-            f"shuffle={plan.shuffle!r}, shard={plan.shard!r}, position={self.position})"
+            f"shuffle={plan.mode.name!r}, shard={plan.shard!r}, position={self.position})"
         )
 
 

@@ -27,6 +27,7 @@ from .._storage import (
     row_bytes,
     split_spec,
 )
+from .shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
 
@@ -94,7 +95,7 @@ def bench(
     *,
     batch_size: int = 256,
     seconds: float = 3.0,
-    modes: tuple[str, ...] = ("full", "block", "none"),
+    modes: tuple[str, ...] = (FULL.name, BLOCK.name, STORAGE_ORDER.name),
     storage_options: Mapping[str, Any] | None = None,
 ) -> BenchReport:
     """Time ``from_arrays`` over ``arrays`` (name -> array-like or path) for each shuffle mode.
@@ -122,7 +123,10 @@ def bench(
             f"{batch_size}; measure more data or a smaller batch (--batch-size)."
         )
     bytes_per_row = row_bytes(sources.values())
-    rates = {mode: _timed_pass(sources, batch_size, mode, seconds) for mode in modes}
+    # Keyed by each mode's name; a mode is parsed just before its pass, as from_arrays would.
+    rates = {
+        shuffle_mode(mode).name: _timed_pass(sources, batch_size, mode, seconds) for mode in modes
+    }
     chunked = {name: rows for name, s in sources.items() if (rows := chunked_rows(s))}
     ceiling = None
     if chunked:
@@ -141,7 +145,7 @@ def bench(
 
 def _advise(report: BenchReport, sources: dict[str, Source]) -> list[str]:
     advice = []
-    full, block = report.modes.get("full"), report.modes.get("block")
+    full, block = report.modes.get(FULL.name), report.modes.get(BLOCK.name)
     if full and block and block > 1.5 * full:
         advice.append(
             f"shuffle='block' reads {block / full:.1f}x faster than a full shuffle here: use it "

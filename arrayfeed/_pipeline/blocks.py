@@ -1,7 +1,7 @@
 """Reading rows through whole windows of chunk-aligned blocks, each block read once per epoch.
 
 With ``shuffle="block"`` the batches of a window take their rows, in random order, from the same
-few blocks (see :class:`arrayfeed._plan.BlockOrder`). Compressed chunked storage decodes a whole
+few blocks (see :class:`~.shuffles.BlockOrder`). Compressed chunked storage decodes a whole
 chunk to return any row of it, so reading row by row would decode every chunk many times. A
 :class:`WindowCache` wraps one source for one epoch: it reads a window's blocks whole, one storage
 call per block, into one buffer laid out the way the plan permutes them (the window's *packed*
@@ -37,8 +37,8 @@ import numpy.typing as npt
 from .._dtypes import native_dtype
 from .._forks import renew_after_fork
 from .._storage import Prefetch, ReadPiecesInto, ReadRangeInto, Source
-from .plan import BlockOrder
 from .read import BufferPool
+from .shuffles import BlockOrder
 
 __all__ = ["LOCATED", "UNITS_PER_BLOCK", "WindowCache"]
 

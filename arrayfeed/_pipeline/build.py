@@ -19,9 +19,10 @@ from .._errors import ConfigError, ShapeError, StructureError
 from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
 from .._validate import flag, integer
 from .feed import Feed
-from .plan import Plan, block_layout, check_position, shuffle_mode
+from .plan import Plan, check_position
 from .procmap import check_map_processes
 from .shard import Shard
+from .shuffles import shuffle_mode
 from .sparse import SparseFeed, check_sparse
 from .structure import Treedef, flatten
 
@@ -78,7 +79,8 @@ def build_feed(
     )
     resolved, ours = resolve_shard(shard, shard_kinds)
     mode = shuffle_mode(shuffle)
-    block_rows, window_blocks = _block_layout(sources) if mode == "block" else (1, 1)
+    chunks = [rows for rows in map(chunked_rows, sources) if rows]
+    block_rows, window_blocks = mode.layout(chunks, row_bytes(sources))
     plan = Plan(
         n_rows=len(sources[0]),
         batch_size=batch_size,
@@ -96,7 +98,7 @@ def build_feed(
     processes = check_map_processes(map_processes, map_batch)
     sparse_out = check_sparse(sparse, sources, map_batch, caller)
     start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
-    if seed is None and mode != "none" and start != (0, 0):
+    if seed is None and mode.random and start != (0, 0):
         raise ConfigError(
             f"resuming at `start_epoch={start[0]}, start_step={start[1]}` needs the seed of the "
             "run being resumed, but `seed` is None (a new random seed, so a different stream); "
@@ -196,8 +198,3 @@ def resolve_shard(shard: Any, kinds: str = SHARD_KINDS) -> tuple[Shard, bool]:
     if isinstance(shard, Shard):
         return shard, True
     raise ConfigError(f"`shard` must be {kinds} (got {shard!r}).")
-
-
-def _block_layout(sources: list[Source]) -> tuple[int, int]:
-    chunk_rows = [rows for rows in map(chunked_rows, sources) if rows]
-    return block_layout(chunk_rows, row_bytes(sources))

@@ -212,7 +212,7 @@ class Feed:
 
     def _new_window_pool(self) -> BufferPool:
         # Window buffers of every chunked leaf, as many as a cache holds.
-        if self.plan.shuffle != "block":
+        if not self.plan.mode.reads_windows:
             return BufferPool(capacity=0)
         chunked = [s for s in self.readable if chunked_rows(s)]
         windows = self._cache_windows  # windows still read after eviction get new buffers
@@ -229,10 +229,11 @@ class Feed:
 
     def readers(self, epoch: int) -> list[Source]:
         """What ``epoch`` reads each leaf through: small chunked leaves from memory
-        (:mod:`.resident`); with ``shuffle="block"``, other chunked storage through a
-        :class:`WindowCache` holding the windows that groups in flight draw from."""
+        (:mod:`.resident`); in a shuffle mode that reads windows (``"block"``), other chunked
+        storage through a :class:`WindowCache` holding the windows that groups in flight draw
+        from."""
         plan = self.plan
-        if plan.shuffle != "block":
+        if not plan.mode.reads_windows:
             return self.readable
         order = plan.block_order(epoch)
         return [

@@ -197,7 +197,7 @@ class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 "from_arrays returned."
             )
         for feed in self._feeds:
-            if feed.seed_drawn and feed.plan.shuffle != "none":
+            if feed.seed_drawn and feed.plan.mode.random:
                 raise ConfigError(
                     "ResumeCallback needs a dataset with a fixed seed: this one was built with "
                     "`seed=None`, so a restarted process would draw another seed and train on "
