@@ -171,7 +171,7 @@ def test_modules_stay_small(module: str) -> None:
 
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The checks above parse imports correctly: relative imports resolve to real modules."""
-    deps = {dep for t, n, _ in _imports("arrayfeed._pipeline.feed") for dep in _resolve(t, n)}
+    deps = {dep for t, n, _ in _imports("arrayfeed._pipeline.build") for dep in _resolve(t, n)}
     assert {"arrayfeed._storage", "arrayfeed._pipeline.plan", "arrayfeed._errors"} <= deps
     deps = {t for t, _, _ in _imports("arrayfeed._storage.hdf5")}
     assert "h5py" in deps

@@ -20,29 +20,28 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._dtypes import native_dtype
-from .._errors import DtypeError, MapBatchError, StructureError
 from .._forks import renew_after_fork
 from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
 from .blocks import WindowCache
 from .indexblocks import EpochIndices
+from .mapbatch import Contract, LeafSpec, probe
+from .mapworker import Job
 from .plan import Plan, check_position
-from .procmap import Job, ProcessMap
+from .procmap import ProcessMap
 from .read import BufferPool, read_rows
 from .resident import resident_sources
-from .structure import Treedef, flatten
+from .structure import Treedef
 
-__all__ = ["Feed", "LeafSpec", "default_num_threads", "usable_cores"]
+__all__ = ["Feed", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
 #: is whole batches, so usually a little less). Every ``from_generator`` call
@@ -97,25 +96,6 @@ def default_num_threads(mapped: bool = False) -> int:
     return max(1, min(MAP_THREADS if mapped else READ_THREADS, usable_cores()))
 
 
-@dataclass(frozen=True)
-class LeafSpec:
-    """Per-row shape and dtype of one leaf of the element."""
-
-    row_shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row."""
-        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
-
-
-def _is_array(obj: Any) -> bool:
-    return isinstance(obj, np.ndarray) or (
-        hasattr(obj, "__array__") and not isinstance(obj, (tuple, list, dict))
-    )
-
-
 class Feed:
     """Generator function over epochs of stacked batches (see the module docstring)."""
 
@@ -147,12 +127,15 @@ class Feed:
         self._next = (start_epoch, start_step)
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
         self.seed_drawn = False
+        #: What every ``map_batch`` result must be like, learned from its first (:mod:`.mapbatch`).
+        self.contract: Contract | None = None
         map_seconds = 0.0
         if map_batch is None:
             self.treedef = treedef
             self.specs = [LeafSpec(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources]
         else:
-            self.treedef, self.specs, map_seconds = self._probe_map_batch()
+            self.contract, map_seconds = self._probe_map_batch()
+            self.treedef, self.specs = self.contract.treedef, list(self.contract.specs)
         # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
         # rows must not make groups read gigabytes.
         out_bytes = sum(s.row_bytes for s in self.specs)
@@ -197,9 +180,9 @@ class Feed:
         # The workers go with the feed (its dataset or Batches); the finalizer holds them, not it.
         if not self.map_processes:
             return None
-        assert self.map_batch is not None
+        assert self.map_batch is not None and self.contract is not None
         procmap = ProcessMap(
-            Job(self.map_batch, _is_array, self.in_treedef, self.treedef),
+            Job(self.map_batch, self.in_treedef, self.contract),
             self.map_processes,
             in_specs=[(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources],
             out_specs=[(s.row_shape, s.dtype) for s in self.specs],
@@ -359,17 +342,16 @@ class Feed:
         lead = (stop - first, rows) if self.stacked else (rows,)
         indices = self.group_indices(epoch, first, stop, blocks)
         if self._procmap is not None:
-            outs = self._procmap.map_group(
-                readers or self.readable, indices, lead, self.pool, self.check_result
-            )
+            outs = self._procmap.map_group(readers or self.readable, indices, lead, self.pool)
             return self.treedef.unflatten(outs)
         leaves = read_rows(readers or self.readable, indices, lead_shape=lead, pool=self.pool)
         if self.map_batch is None:
             return self.treedef.unflatten(leaves)
+        assert self.contract is not None
         outs = [self.pool.empty((*lead, *s.row_shape), s.dtype) for s in self.specs]
         for i in range(stop - first):
             batch = [leaf[i] for leaf in leaves] if self.stacked else leaves
-            outputs = self._apply_map(self.in_treedef.unflatten(batch), rows)
+            outputs = self.contract.apply(self.map_batch, self.in_treedef.unflatten(batch), rows)
             for out, value in zip(outs, outputs, strict=True):
                 out[i if self.stacked else slice(None)] = value
         return self.treedef.unflatten(outs)
@@ -386,79 +368,12 @@ class Feed:
         out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
         return self.plan.indices(epoch, first, stop, out=out)
 
-    def _apply_map(self, batch: Any, rows: int) -> list[np.ndarray]:
-        assert self.map_batch is not None
-        try:
-            result = self.map_batch(batch)
-        except Exception as exc:
-            raise MapBatchError(f"`map_batch` raised {type(exc).__name__}: {exc}") from exc
-        return self.check_result(result, rows)
-
-    def check_result(self, result: Any, rows: int) -> list[np.ndarray]:
-        """The arrays of a ``map_batch`` result, or :class:`MapBatchError` naming how it differs
-        from what the probe returned."""
-        try:
-            leaves, treedef = flatten(result, _is_array, "map_batch(...)")
-        except StructureError as exc:
-            raise MapBatchError(str(exc)) from None
-        if treedef != self.treedef:
-            raise MapBatchError(
-                f"`map_batch` returned a structure {_describe(treedef)} but earlier returned "
-                f"{_describe(self.treedef)}; it must return the same structure for every batch."
-            )
-        arrays = [np.asarray(leaf) for leaf in leaves]
-        names = treedef.leaf_paths("map_batch(...)")
-        for name, array, spec in zip(names, arrays, self.specs, strict=True):
-            if array.ndim == 0 or array.shape[0] != rows:
-                raise MapBatchError(
-                    f"`{name}` has shape {array.shape}, but the batch has {rows} rows; `map_batch` "
-                    "must keep the batch size (axis 0) of every array it returns."
-                )
-            if (tuple(array.shape[1:]), native_dtype(array.dtype)) != (spec.row_shape, spec.dtype):
-                raise MapBatchError(
-                    f"`{name}` has rows of shape {array.shape[1:]} and dtype {array.dtype}, but earlier "
-                    f"batches had {spec.row_shape} and {spec.dtype}; `map_batch` must return the same "
-                    "row shapes and dtypes for every batch."
-                )
-        return arrays
-
-    def _probe_map_batch(self) -> tuple[Treedef, list[LeafSpec], float]:
-        """Run ``map_batch`` once on the first rows in storage order to learn its output (and
+    def _probe_map_batch(self) -> tuple[Contract, float]:
+        """Run ``map_batch`` once on the first rows in storage order to learn its contract (and
         how long it takes, per batch)."""
         assert self.map_batch is not None
         start, _ = self.plan.bounds
         rows = min(self.plan.batch_size, self.plan.rows_per_epoch)
         leaves = read_rows(self.sources, np.arange(start, start + rows, dtype=np.int64))
-        started = time.perf_counter()
-        try:
-            result = self.map_batch(self.in_treedef.unflatten(leaves))
-        except Exception as exc:
-            raise MapBatchError(
-                f"`map_batch` raised {type(exc).__name__} on a first batch of {rows} rows: {exc}"
-            ) from exc
-        seconds = (time.perf_counter() - started) * self.plan.batch_size / max(1, rows)
-        try:
-            out_leaves, treedef = flatten(result, _is_array, "map_batch(...)")
-        except StructureError as exc:
-            raise MapBatchError(str(exc)) from None
-        specs = []
-        for name, leaf in zip(treedef.leaf_paths("map_batch(...)"), out_leaves, strict=True):
-            array = np.asarray(leaf)
-            if array.ndim == 0 or array.shape[0] != rows:
-                raise MapBatchError(
-                    f"`{name}` has shape {array.shape}, but the batch has {rows} rows; `map_batch` "
-                    "must keep the batch size (axis 0) of every array it returns."
-                )
-            if array.dtype.hasobject or array.dtype.kind in "USVMm":
-                raise DtypeError(f"`{name}` has dtype {array.dtype}, which TensorFlow cannot take.")
-            if 0 in array.shape[1:]:
-                raise MapBatchError(
-                    f"`{name}` has rows of shape {array.shape[1:]}, which hold no data; TensorFlow "
-                    "cannot feed zero-size batches. Return rows with at least one element."
-                )
-            specs.append(LeafSpec(tuple(array.shape[1:]), native_dtype(array.dtype)))
-        return treedef, specs, seconds
-
-
-def _describe(treedef: Treedef) -> str:
-    return ", ".join(treedef.leaf_paths("out")) if treedef.kind != "leaf" else "a single array"
+        batch = self.in_treedef.unflatten(leaves)
+        return probe(self.map_batch, batch, rows, self.plan.batch_size)

@@ -2,19 +2,20 @@
 
 No TensorFlow. A :class:`ProcessMap` belongs to one feed. A reader thread reads a group of
 batches straight into a slot of one shared-memory file and queues its descriptor (offsets,
-shapes, dtypes) on a worker's pipe; the worker maps each batch and writes the results into an
-output area of the file. The thread returns views of that area (reused once nothing references
-them, like a :class:`~.read.BufferPool` buffer), or copies when every area is taken. No array is
-pickled. A group is one task and the feed yields groups in order, so the stream is the one
-reader threads give: each batch once, in order, bit for bit.
+shapes, dtypes) on a worker's pipe; the worker (:mod:`.mapworker`) maps each batch and writes
+the results into an output area of the file. The thread returns views of that area (reused once
+nothing references them, like a :class:`~.read.BufferPool` buffer), or copies when every area is
+taken. No array is pickled. A group is one task and the feed yields groups in order, so the
+stream is the one reader threads give: each batch once, in order, bit for bit.
 
 The file is a ``memfd`` on Linux: no name, nothing in ``/dev/shm``, freed with the last process
 mapping it, even after ``kill -9`` (elsewhere a POSIX segment unlinked at once). It is sized from
-the feed's probe of ``map_batch``; a result of another shape is described, not copied, and
-refused with the threads' message. Workers start with the feed's first epoch (multiprocessing's
-start method; ``spawn`` pickles ``map_batch``) and stop when the feed is collected (its dataset
-or :class:`Batches` deleted), at exit, or when their parent dies. They ignore SIGINT: Ctrl-C
-stops the parent, whose epoch then waits only for the groups being mapped.
+the feed's probe of ``map_batch``; a result unlike the probe's is refused in the worker by the
+check reader threads make (:mod:`.mapbatch`), with their message. Workers start with the feed's
+first epoch (multiprocessing's start method; ``spawn`` pickles ``map_batch``) and stop when the
+feed is collected (its dataset or :class:`Batches` deleted), at exit, or when their parent dies.
+They ignore SIGINT: Ctrl-C stops the parent, whose epoch then waits only for the groups being
+mapped.
 """
 
 from __future__ import annotations
@@ -26,40 +27,33 @@ import multiprocessing
 import os
 import pickle
 import queue
-import signal
 import sys
 import threading
-import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from multiprocessing import reduction
-from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .._dtypes import native_dtype
-from .._errors import ConfigError, MapBatchError, StructureError
+from .._errors import ConfigError, MapBatchError
 from .._storage import Source
 from .._validate import optional_integer
+from .mapbatch import Mapped, Reply
+from .mapworker import Descriptor, Job, LoadFailed, Task, serve, view
 from .read import ALIGNMENT, Allocator, read_rows
-from .structure import Treedef, flatten
 
-__all__ = ["Job", "ProcessMap", "check_map_processes", "start_method"]
+__all__ = ["ProcessMap", "check_map_processes", "start_method"]
 
-#: Seconds an idle worker waits for work before it checks that its parent is still alive.
-PARENT_CHECK_SECONDS = 1.0
 #: Seconds :meth:`ProcessMap.close` gives a worker to stop by itself before terminating it.
 STOP_SECONDS = 2.0
 #: Tasks a worker is sent ahead: the next group waits in its pipe while it maps one, so it
 #: never waits for the parent's threads to be scheduled (on a busy machine, a large loss).
 QUEUED = 2
 
-Descriptor = tuple[int, tuple[int, ...], str]  # an array in the file: offset, shape, dtype.str
 RowSpec = tuple[tuple[int, ...], np.dtype[Any]]  # per-row shape and dtype of a leaf
 
 
@@ -96,17 +90,6 @@ def check_map_processes(value: Any, map_batch: Any) -> int:
     return processes
 
 
-@dataclass(frozen=True)
-class Job:
-    """What a worker runs (pickled for ``spawn``/``forkserver``; functions by reference);
-    ``is_leaf`` tells arrays in ``map_batch``'s result, as the feed does."""
-
-    map_batch: Callable[[Any], Any]
-    is_leaf: Callable[[Any], bool]
-    in_treedef: Treedef
-    out_treedef: Treedef
-
-
 def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
@@ -115,12 +98,6 @@ def _area_bytes(specs: Sequence[RowSpec], rows: int) -> int:
     """Bytes of an area holding ``rows`` rows of every leaf, each leaf aligned."""
     sizes = (rows * math.prod(shape) * dtype.itemsize for shape, dtype in specs)
     return sum(_align(n) for n in sizes) + ALIGNMENT
-
-
-def _view(buf: npt.NDArray[np.uint8], desc: Descriptor) -> np.ndarray:
-    offset, shape, dtype = desc[0], desc[1], np.dtype(desc[2])
-    nbytes = math.prod(shape) * dtype.itemsize
-    return buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
 
 class _Area:
@@ -138,7 +115,7 @@ class _Area:
         if self._next > self._end:
             raise RuntimeError(f"arrayfeed: a group does not fit its shared-memory slot ({desc})")
         self.descriptors.append(desc)
-        return _view(self._buf, desc)
+        return view(self._buf, desc)
 
 
 def _shared_file(size: int) -> int:
@@ -156,63 +133,6 @@ def _shared_file(size: int) -> int:
     return fd
 
 
-# -- the worker process ----------------------------------------------------------------------------
-def _serve(conn: Connection, job: Job | bytes, size: int) -> None:
-    """A worker's life: map the shared file, load the job, then run tasks until told to stop,
-    until the pipe closes, or until its parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    parent = os.getppid()
-    fd = reduction.recv_handle(conn)
-    buf = np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
-    os.close(fd)
-    try:
-        loaded = pickle.loads(job) if isinstance(job, bytes) else job
-    except Exception:
-        conn.send(("failed", traceback.format_exc()))
-        return
-    conn.send(("ready", os.getpid()))
-    while os.getppid() == parent:
-        try:
-            task = conn.recv() if conn.poll(PARENT_CHECK_SECONDS) else ()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        try:
-            reply = _run(loaded, buf, task) if task else None
-        except Exception as exc:  # e.g. a result that cannot be described
-            reply = ("raised", type(exc).__name__, str(exc), traceback.format_exc())
-        if reply is not None:
-            conn.send(reply)
-
-
-def _run(job: Job, buf: npt.NDArray[np.uint8], task: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Map one group in place: ``("ok",)``, or what went wrong, for the parent to raise."""
-    in_descs, out_descs, steps, stacked = task
-    ins = [_view(buf, d) for d in in_descs]
-    outs = [_view(buf, d) for d in out_descs]
-    for i in range(steps):
-        batch = job.in_treedef.unflatten([a[i] for a in ins] if stacked else ins)
-        try:
-            result = job.map_batch(batch)
-        except Exception as exc:
-            return ("raised", type(exc).__name__, str(exc), traceback.format_exc())
-        try:
-            leaves, treedef = flatten(result, job.is_leaf, "map_batch(...)")
-        except StructureError as exc:
-            return ("invalid", str(exc))
-        arrays = [np.asarray(leaf) for leaf in leaves]
-        targets = [o[i] for o in outs] if stacked else outs
-        if treedef != job.out_treedef or any(
-            a.shape != t.shape or native_dtype(a.dtype) != t.dtype
-            for a, t in zip(arrays, targets, strict=True)
-        ):
-            return ("mismatch", treedef, [(a.shape, a.dtype) for a in arrays])
-        for a, t in zip(arrays, targets, strict=True):
-            t[...] = a
-    return ("ok",)
-
-
 # -- the parent's side -----------------------------------------------------------------------------
 class _Worker:
     """One worker process, the parent's end of its pipe, and the tasks sent and not answered
@@ -221,7 +141,7 @@ class _Worker:
     def __init__(self, ctx: Any, job: Job | bytes, size: int) -> None:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
-            target=_serve, args=(child, job, size), name="arrayfeed-map", daemon=True
+            target=serve, args=(child, job, size), name="arrayfeed-map", daemon=True
         )
         self.process.start()
         self.pid: int = self.process.pid
@@ -230,11 +150,11 @@ class _Worker:
         # One thread at a time reaps: two reaping at once race in waitpid, and the loser saw no
         # exit code at all.
         self._reaping = threading.Lock()
-        self._pending: deque[Future[tuple[Any, ...]]] = deque()
+        self._pending: deque[Future[Reply]] = deque()
 
-    def run(self, task: tuple[Any, ...]) -> tuple[Any, ...]:
+    def run(self, task: Task) -> Reply:
         """Send ``task`` (behind those already sent) and wait for its answer."""
-        mine: Future[tuple[Any, ...]] = Future()
+        mine: Future[Reply] = Future()
         try:
             with self._sending:
                 self._pending.append(mine)
@@ -272,11 +192,11 @@ class _Worker:
                 "'spawn' or 'forkserver', guard the script's top level with "
                 "`if __name__ == '__main__':`."
             ) from None
-        if reply[0] == "failed":
+        if isinstance(reply, LoadFailed):
             raise MapBatchError(
                 f"`map_batch` could not be loaded in a worker process (start method {method!r}); "
                 "define it in a module the workers can import (not in `__main__` of a notebook "
-                f"or an interactive session), or use the 'fork' start method. Its error:\n{reply[1]}"
+                f"or an interactive session), or use the 'fork' start method. Its error:\n{reply.traceback}"
             )
 
     def stop(self) -> None:
@@ -402,12 +322,11 @@ class ProcessMap:
         indices: npt.NDArray[np.int64],
         lead: tuple[int, ...],
         pool: Allocator,
-        check: Callable[[Any, int], list[np.ndarray]],
     ) -> list[np.ndarray]:
         """Read ``indices`` of ``sources`` as one group of shape ``lead`` (``(steps, rows)``
         stacked, ``(rows,)`` not), map it in a worker, and return its leaves: views of an output
-        area, or (none free) copies in ``pool``'s buffers. ``check(result, rows)`` raises the
-        feed's error for a result that differs from the probe's."""
+        area, or (none free) copies in ``pool``'s buffers. A ``map_batch`` that raised or broke
+        its contract raises the :class:`MapBatchError` a reader thread would."""
         self.start()
         slot = self._free.get()
         try:
@@ -424,26 +343,32 @@ class ProcessMap:
                 results.empty((*lead, *shape), dtype)
             stacked = len(lead) == 2
             reply = self._call(
-                (reads.descriptors, results.descriptors, lead[0] if stacked else 1, stacked)
+                Task(
+                    tuple(reads.descriptors),
+                    tuple(results.descriptors),
+                    steps=lead[0] if stacked else 1,
+                    rows=lead[-1],
+                    stacked=stacked,
+                )
             )
-            if reply[0] != "ok":
-                self._raise(reply, lead[-1], check)
+            if not isinstance(reply, Mapped):
+                raise reply.error()
             if lent is not None:
                 self.lent += 1
                 area = self._outs[lent[0]]
-                return [_view(area, (o - out_start, s, d)) for o, s, d in results.descriptors]
+                return [view(area, (o - out_start, s, d)) for o, s, d in results.descriptors]
             self.copied += 1
             outs = []
             for desc in results.descriptors:
-                view = _view(self._buf, desc)
-                out = pool.empty(view.shape, view.dtype)
-                np.copyto(out, view)
+                result = view(self._buf, desc)
+                out = pool.empty(result.shape, result.dtype)
+                np.copyto(out, result)
                 outs.append(out)
             return outs
         finally:
             self._free.put(slot)
 
-    def _call(self, task: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _call(self, task: Task) -> Reply:
         """Run ``task`` on a worker with room in its queue (replacing it if found dead)."""
         turn = self._idle.get()  # a worker's index, QUEUED times in `_idle`
         try:
@@ -471,19 +396,6 @@ class ProcessMap:
             self._workers[turn] = worker
             dead.stop()
             return worker
-
-    def _raise(self, reply: tuple[Any, ...], rows: int, check: Callable[..., Any]) -> None:
-        if reply[0] == "raised":
-            _, name, message, trace = reply
-            raise MapBatchError(
-                f"`map_batch` raised {name}: {message} (in a worker process; its traceback:)\n"
-                f"{trace.rstrip()}"
-            )
-        if reply[0] == "invalid":
-            raise MapBatchError(reply[1])
-        _, treedef, leaves = reply  # a result unlike the probe's: the feed's check names it
-        check(treedef.unflatten([np.broadcast_to(np.empty((), d), s) for s, d in leaves]), rows)
-        raise MapBatchError("`map_batch` returned a result unlike that of its first batch.")
 
 
 def _drop_inherited() -> None:

@@ -26,8 +26,9 @@ from .._dtypes import native_dtype
 from .._errors import ConfigError
 from .._storage import Source, SparseRows, ragged_arange, row_bytes
 from .._validate import flag
-from .feed import GROUP_BYTES, Feed, LeafSpec
+from .feed import GROUP_BYTES, Feed
 from .indexblocks import EpochIndices
+from .mapbatch import LeafSpec
 from .read import read_rows
 from .structure import Treedef, flatten
 
