@@ -10,6 +10,7 @@ import numpy as np
 
 from arrayfeed._pipeline.build import build_feed
 from arrayfeed._pipeline.feed import Feed
+from arrayfeed._pipeline.options import FeedArgs
 
 
 def h5_feed(
@@ -25,18 +26,20 @@ def h5_feed(
     """The feed of ``from_arrays(x, y, ...)`` over ``datasets`` (x, y), the last batch kept."""
     x, y = datasets
     return build_feed(
-        x,
-        y,
-        None,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        shard=shard,
-        drop_remainder=False,
-        map_batch=None,
-        num_threads=threads,
-        start_epoch=start_epoch,
-        start_step=0,
+        FeedArgs(
+            x,
+            y,
+            None,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            shard=shard,
+            drop_remainder=False,
+            map_batch=None,
+            num_threads=threads,
+            start_epoch=start_epoch,
+            start_step=0,
+        )
     ).feed
 
 

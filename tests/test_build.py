@@ -9,6 +9,7 @@ import pytest
 
 import arrayfeed as af
 from arrayfeed._pipeline.build import SHARD_KINDS, build_feed, resolve_shard
+from arrayfeed._pipeline.options import FeedArgs
 
 N = 103
 
@@ -27,11 +28,13 @@ DEFAULTS: dict[str, Any] = {
 
 def test_the_feed_starts_where_asked_and_knows_who_shards() -> None:
     built = build_feed(
-        np.arange(N), None, None, **{**DEFAULTS, "seed": 1, "start_epoch": 2, "start_step": 3}
+        FeedArgs(
+            np.arange(N), None, None, **{**DEFAULTS, "seed": 1, "start_epoch": 2, "start_step": 3}
+        )
     )
     assert built.start == (2, 3) == built.feed.next_position
     assert built.sharded_by_us and not built.feed.seed_drawn
-    built = build_feed(np.arange(N), None, None, **{**DEFAULTS, "shard": None})
+    built = build_feed(FeedArgs(np.arange(N), None, None, **{**DEFAULTS, "shard": None}))
     assert not built.sharded_by_us and built.feed.seed_drawn
     assert built.feed.plan.steps == 4
 

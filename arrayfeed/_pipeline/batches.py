@@ -1,7 +1,7 @@
 """NumPy batches without TensorFlow: :func:`batches`, for JAX, PyTorch or any Python loop.
 
-The feed is built by :mod:`.build` from the same arguments as :func:`arrayfeed.from_arrays`, so
-the two give the same stream, bit for bit. Where the tf.data glue splits each group of stacked
+The feed is built by :mod:`.build` from the same arguments as :func:`arrayfeed.from_arrays`
+(:class:`~.options.FeedArgs`), so the two give the same stream, bit for bit. Where the tf.data glue splits each group of stacked
 batches in the graph, :class:`Batches` splits it here into NumPy views of the group's buffer; a
 view keeps that buffer referenced, so the feed's :class:`~.read.BufferPool` never reuses it while
 any batch of the group is alive.
@@ -10,89 +10,30 @@ any batch of the group is alive.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .._forks import renew_after_fork
-from .build import ShardSpec, build_feed
+from .build import build_feed
 from .feed import Feed
+from .options import FeedArgs, takes_feed_args
 from .sparse import SparseFeed, to_scipy
 from .structure import flatten
 
 __all__ = ["Batches", "batches"]
 
 
-def batches(
-    x: Any,
-    y: Any = None,
-    sample_weight: Any = None,
-    *,
-    batch_size: int = 32,
-    shuffle: bool | str = True,
-    seed: int | None = None,
-    shard: ShardSpec = "auto",
-    drop_remainder: bool = False,
-    map_batch: Callable[[Any], Any] | None = None,
-    num_threads: int | None = None,
-    start_epoch: int = 0,
-    start_step: int = 0,
-    map_processes: int | None = None,
-    sparse: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-) -> Batches:
+@takes_feed_args
+def batches(args: FeedArgs) -> Batches:
     """Shuffled, sharded batches of NumPy arrays read from arrays on disk or in memory.
 
     The same stream as :func:`arrayfeed.from_arrays` with the same arguments, bit for bit, without
     TensorFlow: for JAX, PyTorch or a plain Python loop. Importing arrayfeed and iterating never
     imports TensorFlow.
 
-    Args:
-        x: An array-like, or a tuple / list / dict (nesting allowed) of array-likes. Array-like:
-            ``np.ndarray`` (including ``np.memmap``), ``h5py.Dataset``, ``zarr.Array``, a path to a
-            ``.npy`` file (memory-mapped, never loaded whole), a ``scipy.sparse`` CSR matrix or
-            what :func:`open_array` returns (AnnData's sparse ``X`` and categoricals included).
-            All leaves of ``x``, ``y`` and ``sample_weight`` must have the same length (axis 0).
-        y: Targets, the same kinds as ``x``; batches are ``(x, y)`` when given.
-        sample_weight: Per-row weights; batches are ``(x, y, sample_weight)``. Needs ``y``.
-        batch_size: Rows per batch on this worker.
-        shuffle: ``True`` (a fresh permutation of this worker's rows every epoch), ``False``
-            (storage order), or ``"block"``: the chunk-aware shuffle for chunked, compressed
-            storage (HDF5, Zarr), as in :func:`arrayfeed.from_arrays`.
-        seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
-            ``None`` draws one at random.
-        shard: ``"auto"`` (from the environment, see :meth:`Shard.from_env`: ``TF_CONFIG``, Slurm,
-            MPI, Horovod; one worker when nothing is set), ``None`` (no sharding) or
-            :class:`Shard` ``(count, index)``, e.g. ``Shard(jax.process_count(),
-            jax.process_index())`` or ``Shard(world_size, rank)`` under ``torchrun``. Worker
-            ``index`` reads the ``index``-th contiguous range of rows, shuffled within; every
-            worker runs the same number of steps.
-        drop_remainder: Leave out the last, short batch of each epoch, so every batch has
-            ``batch_size`` rows (one shape: one compilation under ``jax.jit``).
-        map_batch: A vectorized function called on each whole batch (NumPy arrays in the batch's
-            structure) returning a structure of arrays with the same batch size; the batches are
-            what it returns. It runs in reader threads, possibly concurrently (or see
-            ``map_processes``).
-        num_threads: Reader threads (default: one per core, at most 4, or at most 8 when
-            ``map_batch`` runs in them; with ``map_processes=N``, at least 2N + 1).
-        start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
-            after it.
-        start_step: Step (batch) of ``start_epoch`` where the first iteration starts, in
-            ``[0, len(batches))``; reached in O(1), nothing before it is read. Pass back a
-            saved :attr:`Batches.position` as ``(start_epoch, start_step)``.
-        map_processes: Run ``map_batch`` in this many worker processes instead of reader
-            threads, for transforms that hold the GIL (Python loops per row); ``None`` or 0:
-            threads. As in :func:`arrayfeed.from_arrays`: the same batches, bit for bit, moved
-            through shared memory; the workers stop when the :class:`Batches` is deleted.
-        sparse: Yield each sparse leaf (an AnnData CSR group, a ``scipy.sparse`` CSR matrix) as
-            a ``scipy.sparse.csr_array`` of shape ``(batch rows, n_cols)``, built from the
-            nonzeros of the batch's rows, never densified (needs scipy); other leaves are
-            unchanged. Without it, sparse leaves yield dense rows of their stored dtype. The
-            rows of every batch are those of :func:`arrayfeed.from_arrays` with
-            ``sparse=True``. Needs a sparse leaf; not with ``map_batch``.
-        storage_options: Options of the fsspec filesystem of leaves given as URLs (see
-            :func:`arrayfeed.from_arrays`).
+    Args: FeedArgs
 
     Returns:
         A :class:`Batches`: ``len()`` is the number of batches per epoch on this worker, and each
@@ -119,24 +60,7 @@ def batches(
     ...                                    shuffle=False, start_epoch=1, start_step=2)]
     [[8, 9]]
     """
-    built = build_feed(
-        x,
-        y,
-        sample_weight,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        shard=shard,
-        drop_remainder=drop_remainder,
-        map_batch=map_batch,
-        num_threads=num_threads,
-        start_epoch=start_epoch,
-        start_step=start_step,
-        map_processes=map_processes,
-        sparse=sparse,
-        caller="batches",
-        storage_options=storage_options,
-    )
+    built = build_feed(args, caller="batches")
     return Batches(built.feed)
 
 

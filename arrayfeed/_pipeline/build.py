@@ -1,10 +1,10 @@
-"""From the public arguments to a :class:`Feed`: every check and default of the entry points.
+"""From the public arguments to a :class:`Feed`: every check of the entry points.
 
 No TensorFlow here. :func:`arrayfeed.from_arrays` (the tf.data glue) and :func:`arrayfeed.batches`
-(NumPy batches for JAX, PyTorch or a plain loop) both call :func:`build_feed`, so the two take the
-same arguments, refuse the same mistakes with the same messages and produce the same stream. A
-``tf.distribute.InputContext`` is recognised by the glue (that needs TensorFlow) and arrives here
-as the :class:`Shard` it names.
+(NumPy batches for JAX, PyTorch or a plain loop) take the same arguments, defined once with their
+defaults in :class:`~.options.FeedArgs`, and both call :func:`build_feed`, so they refuse the same
+mistakes with the same messages and produce the same stream. A ``tf.distribute.InputContext`` is
+recognised by the glue (that needs TensorFlow) and arrives here as the :class:`Shard` it names.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .._errors import ConfigError, ShapeError, StructureError
 from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
 from .._validate import flag, integer
 from .feed import Feed
+from .options import FeedArgs
 from .plan import Plan, check_position
 from .procmap import check_map_processes
 from .shard import Shard
@@ -47,57 +48,44 @@ class Built:
 
 
 def build_feed(
-    x: Any,
-    y: Any,
-    sample_weight: Any,
-    *,
-    batch_size: Any,
-    shuffle: Any,
-    seed: Any,
-    shard: Any,
-    drop_remainder: Any,
-    map_batch: Any,
-    num_threads: Any,
-    start_epoch: Any,
-    start_step: Any,
-    map_processes: Any = None,
-    sparse: Any = False,
-    caller: str = "from_arrays",
-    shard_kinds: str = SHARD_KINDS,
-    storage_options: Any = None,
+    args: FeedArgs, *, caller: str = "from_arrays", shard_kinds: str = SHARD_KINDS
 ) -> Built:
-    """Check the arguments of an entry point (see :func:`arrayfeed.from_arrays`) and build its feed.
+    """Check the arguments of an entry point (see :class:`~.options.FeedArgs`) and build its feed.
 
     ``caller`` is the entry point's name, as messages cite it; ``shard_kinds`` lists the kinds of
     ``shard`` it accepts, for the message refusing any other. Checks run in a fixed order (the
     structure and arrays, ``shard``, ``shuffle``, the plan's arguments, ``num_threads``,
-    ``map_batch``, ``map_processes``, the start position, the seed needed to resume), so a call
-    with several mistakes reports the same one whichever entry point it went through.
+    ``map_batch``, ``map_processes``, ``sparse``, the start position, the seed needed to resume),
+    so a call with several mistakes reports the same one whichever entry point it went through.
     """
+    x, y, seed, map_batch = args.x, args.y, args.seed, args.map_batch
     treedef, sources = sources_of(
-        x, y, sample_weight, caller=caller, storage_options=storage_options
+        x, y, args.sample_weight, caller=caller, storage_options=args.storage_options
     )
-    resolved, ours = resolve_shard(shard, shard_kinds)
-    mode = shuffle_mode(shuffle)
+    resolved, ours = resolve_shard(args.shard, shard_kinds)
+    mode = shuffle_mode(args.shuffle)
     chunks = [rows for rows in map(chunked_rows, sources) if rows]
     block_rows, window_blocks = mode.layout(chunks, row_bytes(sources))
     plan = Plan(
         n_rows=len(sources[0]),
-        batch_size=batch_size,
+        batch_size=args.batch_size,
         shard=resolved,
-        drop_remainder=bool(flag(drop_remainder, "drop_remainder")),
+        drop_remainder=bool(flag(args.drop_remainder, "drop_remainder")),
         shuffle=mode,
         seed=int.from_bytes(os.urandom(8), "little") if seed is None else seed,
         block_rows=block_rows,
         window_blocks=window_blocks,
     )
-    if num_threads is not None:
-        num_threads = integer(num_threads, "num_threads", low=1)
+    threads = args.num_threads
+    if threads is not None:
+        threads = integer(threads, "num_threads", low=1)
     if map_batch is not None:
         check_map_batch(map_batch, y is not None)
-    processes = check_map_processes(map_processes, map_batch)
-    sparse_out = check_sparse(sparse, sources, map_batch, caller)
-    start = check_position(plan.steps, start_epoch, start_step, ("start_epoch", "start_step"))
+    processes = check_map_processes(args.map_processes, map_batch)
+    sparse_out = check_sparse(args.sparse, sources, map_batch, caller)
+    start = check_position(
+        plan.steps, args.start_epoch, args.start_step, ("start_epoch", "start_step")
+    )
     if seed is None and mode.random and start != (0, 0):
         raise ConfigError(
             f"resuming at `start_epoch={start[0]}, start_step={start[1]}` needs the seed of the "
@@ -109,7 +97,7 @@ def build_feed(
         treedef,
         plan,
         map_batch=map_batch,
-        num_threads=num_threads,
+        num_threads=threads,
         map_processes=processes,
     )
     feed.seed_drawn = seed is None

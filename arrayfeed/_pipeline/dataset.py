@@ -1,22 +1,24 @@
 """The tf.data glue: ``from_arrays`` builds the ``tf.data.Dataset``.
 
-The arguments are checked and the feed is built by :mod:`.build` (shared with
-:func:`arrayfeed.batches`); this module turns the feed into a dataset. With ``keras.py`` and
-``distribute.py`` the only modules that import TensorFlow, and the one place where
-``output_signature`` is built.
+The arguments are those of :class:`~.options.FeedArgs`, checked and turned into a feed by
+:mod:`.build` (shared with :func:`arrayfeed.batches`); this module turns the feed into a
+dataset. With ``keras.py`` and ``distribute.py`` the only modules that import TensorFlow, and the
+one place where ``output_signature`` is built.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, TypeAlias
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 import tensorflow as tf
 
 from .build import build_feed
 from .feed import Feed
 from .keras import guard_build_peeks, serve_numpy_batches
+from .options import FeedArgs, takes_feed_args
 from .resume import register
 from .shard import Shard
 from .sparse import SparseBatch, SparseFeed, SparseLeafSpec, is_batch_leaf
@@ -24,90 +26,23 @@ from .structure import flatten
 
 __all__ = ["from_arrays"]
 
-ShardArg: TypeAlias = "Shard | tf.distribute.InputContext | Literal['auto'] | None"
 _SHARD_KINDS = "'auto', None, arrayfeed.Shard(count, index) or a tf.distribute.InputContext"
 
 
-def from_arrays(
-    x: Any,
-    y: Any = None,
-    sample_weight: Any = None,
-    *,
-    batch_size: int = 32,
-    shuffle: bool | str = True,
-    seed: int | None = None,
-    shard: ShardArg = "auto",
-    drop_remainder: bool = False,
-    map_batch: Callable[[Any], Any] | None = None,
-    num_threads: int | None = None,
-    start_epoch: int = 0,
-    start_step: int = 0,
-    map_processes: int | None = None,
-    sparse: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-) -> tf.data.Dataset:
+@takes_feed_args
+def from_arrays(args: FeedArgs) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of shuffled, sharded batches read from arrays on disk or in memory.
 
-    Args:
-        x: An array-like, or a tuple / list / dict (nesting allowed) of array-likes. Array-like:
-            ``np.ndarray`` (including ``np.memmap``), ``h5py.Dataset``, ``zarr.Array``, a path to a
-            ``.npy`` file (memory-mapped, never loaded whole), a ``scipy.sparse`` CSR matrix or
-            what :func:`open_array` returns (AnnData's sparse ``X`` and categoricals included).
-            All leaves of ``x``, ``y`` and ``sample_weight`` must have the same length (axis 0).
-        y: Targets, the same kinds as ``x``; elements are ``(x, y)`` when given.
-        sample_weight: Per-row weights; elements are ``(x, y, sample_weight)``. Needs ``y``.
-        batch_size: Rows per batch on this worker. With ``shard=input_context`` in
-            ``strategy.distribute_datasets_from_function``, give the per-replica size,
-            ``input_context.get_per_replica_batch_size(global_batch_size)`` (or use
-            :func:`arrayfeed.distribute`). ``strategy.experimental_distribute_dataset`` (which
-            Keras ``fit`` uses) takes each worker's batch as the *global* batch and splits it
-            over all replicas: a worker then runs ``num_workers * len(ds)`` steps per epoch.
-            Keras ``fit`` still runs only ``len(ds)`` of them per epoch, which on several
-            workers is ``1 / num_workers`` of the rows: there, use :func:`arrayfeed.distribute`.
-        shuffle: ``True`` (a fresh permutation of this worker's rows every epoch), ``False``
-            (storage order), or ``"block"``: a chunk-aware shuffle for chunked, compressed storage
-            (HDF5, Zarr) — chunk-aligned blocks in a random order, rows shuffled within windows of
-            blocks (about 32 MiB), so every block is read once per epoch. Each row still comes
-            exactly once per epoch; mixing is local to a window.
-        seed: Seed of the shuffle. The same seed gives the same stream of epochs in any process;
-            ``None`` draws one at random.
-        shard: ``"auto"`` (from the environment, see :meth:`Shard.from_env`: ``TF_CONFIG``, Slurm,
-            MPI, Horovod; one worker when nothing is set), ``None`` (no sharding),
-            :class:`Shard` ``(count, index)``, or a ``tf.distribute.InputContext``. Worker ``index``
-            reads the ``index``-th contiguous range of rows, shuffled within; every worker runs the
-            same number of steps (a worker with one row more leaves one row out per epoch).
-        drop_remainder: Leave out the last, short batch of each epoch; the batch axis is then
-            static.
-        map_batch: A vectorized function called on each whole batch (NumPy arrays in the element's
-            structure) returning a structure of arrays with the same batch size; the dataset's
-            elements are what it returns. It runs in reader threads, possibly concurrently (or see
-            ``map_processes``).
-        num_threads: Reader threads (default: one per core, at most 4, or at most 8 when
-            ``map_batch`` runs in them; with ``map_processes=N``, at least 2N + 1).
-        start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
-            after it. With the same ``seed``, the stream is exactly the one an uninterrupted run
-            produces from that point on.
-        start_step: Step (batch) of ``start_epoch`` where the first iteration starts, in
-            ``[0, len(ds))``; reached in O(1), nothing before it is read. The first iteration then
-            yields ``len(ds) - start_step`` batches and later ones ``len(ds)``. For Keras, use
-            :class:`arrayfeed.ResumeCallback` instead.
-        map_processes: Run ``map_batch`` in this many worker processes instead of reader
-            threads: for transforms that hold the GIL (a Python loop per row: crops, tokenising,
-            decoding). ``None`` or 0: threads. The elements are the same, bit for bit. Batches go
-            to the workers and back through shared memory; ``map_batch`` is still called once
-            here first (to learn its output). Workers start with the first epoch, use
-            multiprocessing's start method (under ``spawn``/``forkserver``, ``map_batch`` must
-            be picklable: a module-level function) and stop when the dataset is deleted. An
-            exception in a worker is raised here as :class:`MapBatchError` with its traceback.
-        sparse: Yield each sparse leaf (an AnnData CSR group, a ``scipy.sparse`` CSR matrix) as
-            a ``tf.SparseTensor`` of ``dense_shape`` ``(batch rows, n_cols)``, built from the
-            nonzeros of the batch's rows, never densified; other leaves are unchanged. Without
-            it (the default), sparse leaves yield dense rows of their stored dtype. Batches hold
-            the same rows either way; each element is one batch. Needs a sparse leaf; not with
-            ``map_batch``.
-        storage_options: Options of the fsspec filesystem of leaves given as URLs
-            (``"s3://bucket/train.zarr:x"``): credentials, ``endpoint_url`` … (the environment's
-            ``AWS_*`` variables work too); see :func:`open_array`.
+    Under ``tf.distribute``: with ``shard=input_context`` in
+    ``strategy.distribute_datasets_from_function``, give the per-replica ``batch_size``,
+    ``input_context.get_per_replica_batch_size(global_batch_size)`` (or use
+    :func:`arrayfeed.distribute`). ``strategy.experimental_distribute_dataset`` (which Keras
+    ``fit`` uses) takes each worker's batch as the *global* batch and splits it over all
+    replicas: a worker then runs ``num_workers * len(ds)`` steps per epoch. Keras ``fit`` still
+    runs only ``len(ds)`` of them per epoch, which on several workers is ``1 / num_workers`` of
+    the rows: there, use :func:`arrayfeed.distribute`.
+
+    Args: FeedArgs
 
     Returns:
         A dataset whose ``len()`` is the number of batches per epoch on this worker. Each new
@@ -122,26 +57,10 @@ def from_arrays(
     >>> [b[1].numpy().tolist() for b in ds]
     [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     """
+    shard = args.shard
     if isinstance(shard, tf.distribute.InputContext):  # recognising it needs TensorFlow
-        shard = Shard(shard.num_input_pipelines, shard.input_pipeline_id)
-    built = build_feed(
-        x,
-        y,
-        sample_weight,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        shard=shard,
-        drop_remainder=drop_remainder,
-        map_batch=map_batch,
-        num_threads=num_threads,
-        start_epoch=start_epoch,
-        start_step=start_step,
-        map_processes=map_processes,
-        sparse=sparse,
-        shard_kinds=_SHARD_KINDS,
-        storage_options=storage_options,
-    )
+        args = replace(args, shard=Shard(shard.num_input_pipelines, shard.input_pipeline_id))
+    built = build_feed(args, shard_kinds=_SHARD_KINDS)
     feed, start = built.feed, built.start
     ds = _dataset(feed, sharded_by_us=built.sharded_by_us, first_pass_short=start[1] > 0)
     register(ds, feed)

@@ -16,6 +16,7 @@ import tensorflow as tf
 from .._errors import ConfigError
 from .._validate import integer
 from .dataset import from_arrays
+from .options import check_forwarded
 
 __all__ = ["distribute", "distributed_steps"]
 
@@ -52,8 +53,9 @@ def distribute(
             ``model.fit(..., steps_per_epoch=distributed_steps(dataset))`` in tf-keras, which
             does not start a new iterator per epoch on a distributed dataset. Needs every epoch to
             end on a step boundary (see Raises).
-        **from_arrays_kwargs: Any other argument of :func:`from_arrays` (``shuffle``, ``seed``,
-            ``drop_remainder``, ``map_batch``, ``num_threads``); not ``batch_size`` or ``shard``,
+        **from_arrays_kwargs: Any other option of :func:`from_arrays` (``shuffle``, ``seed``,
+            ``drop_remainder``, ``map_batch``, ``num_threads`` …, see
+            :class:`~arrayfeed._pipeline.options.FeedArgs`); not ``batch_size`` or ``shard``,
             which this function sets.
 
     Returns:
@@ -64,6 +66,7 @@ def distribute(
         ConfigError: ``global_batch_size`` is not a positive int or not a multiple of
             ``strategy.num_replicas_in_sync``; ``batch_size`` or ``shard`` was given; or
             ``repeat=True`` and a worker's batches per epoch are not a multiple of its replicas.
+        TypeError: A keyword that is no option of :func:`from_arrays`.
 
     >>> import numpy as np, tensorflow as tf
     >>> ds = distribute(tf.distribute.get_strategy(), np.arange(10.0), global_batch_size=4,
@@ -80,6 +83,7 @@ def distribute(
                 f"`{name}` is set by arrayfeed.distribute (from `global_batch_size` and the "
                 f"strategy's input context); drop it, or call from_arrays yourself."
             )
+    check_forwarded(from_arrays_kwargs, "from_arrays")
     replicas = int(strategy.num_replicas_in_sync)
     if global_batch % replicas:
         lower = global_batch - global_batch % replicas

@@ -107,8 +107,6 @@ class Feed:
         *,
         map_batch: Callable[[Any], Any] | None = None,
         num_threads: int | None = None,
-        start_epoch: int = 0,
-        start_step: int = 0,
         map_processes: int = 0,
     ) -> None:
         self.sources = list(sources)
@@ -124,7 +122,7 @@ class Feed:
         )
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
-        self._next = (start_epoch, start_step)
+        self._next = (0, 0)  # where the next call starts (:meth:`seek` moves it)
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
         self.seed_drawn = False
         #: What every ``map_batch`` result must be like, learned from its first (:mod:`.mapbatch`).
