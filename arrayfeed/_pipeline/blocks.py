@@ -43,9 +43,8 @@ from .shuffles import BlockOrder
 __all__ = ["LOCATED", "UNITS_PER_BLOCK", "WindowCache"]
 
 #: Most claimable units a block's read is split into. A unit is a run of the block's pieces (its
-#: chunks), so per-claim costs are paid once per run: 192 chunks of 80 KB per block read 15 %
-#: slower claimed one by one than whole on 2 cores. Sixteen units per block keep 16 threads busy
-#: on a window of two blocks.
+#: chunks), so per-claim costs are paid once per run, not per chunk (docs/performance.md, "Units
+#: per block"). Sixteen units per block keep 16 threads busy on a window of two blocks.
 UNITS_PER_BLOCK = 16
 #: Most blocks whose place in the packed layout a cache remembers (a few hundred kilobytes).
 LOCATED = 4096
@@ -78,8 +77,8 @@ class _Window:
 
 class _Load:
     """One unit's read, claimed by one thread and waited for by others: a lock held from the
-    claim until the read ends (a ``Future`` costs ~5 us more with the GIL held per unit, and
-    waiters need no result, only whether it failed)."""
+    claim until the read ends (cheaper than a ``Future`` with the GIL held, and waiters need no
+    result, only whether it failed)."""
 
     __slots__ = ("_reading", "failed")
 
@@ -113,8 +112,8 @@ class WindowCache:
         self.order = order
         self.capacity = max(1, capacity)
         self.pool = pool
-        # What the source can do, asked once: a runtime protocol check costs 3-6 us with the GIL
-        # held, and it was asked for every piece (a fifth of the cost of a small chunk's read).
+        # What the source can do, asked once: a runtime protocol check per piece is a large share
+        # of a small chunk's read (docs/performance.md, "Capabilities asked once per cache").
         self._pieces = source if isinstance(source, ReadPiecesInto) else None
         self._range = source if isinstance(source, ReadRangeInto) else None
         self._fetcher = source if isinstance(source, Prefetch) else None

@@ -130,10 +130,9 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
     ds = tf.data.Dataset.from_generator(_WeakFeed(feed), output_signature=signature)
     if feed.stacked:
         # Groups are prefetched, and split where they are consumed: a prefetch hands every element
-        # to another thread, and one hand-off per batch of small rows cost more than the batch
-        # (S rows through a plain loop, 2 cores: 0.72x the tf.data floor prefetching batches,
-        # 0.85x prefetching groups). Large batches are prefetched after the split too, so that
-        # copying each out of its group overlaps with the consumer.
+        # to another thread, and one hand-off per batch of small rows costs more than the batch
+        # (docs/performance.md, "Prefetching groups, not batches"). Large batches are prefetched
+        # after the split too, so that copying each out of its group overlaps with the consumer.
         ds = ds.prefetch(1).unbatch()
         if _batch_bytes(feed) >= PREFETCH_BATCH_BYTES:
             ds = ds.prefetch(2)
@@ -144,9 +143,9 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
     else:
         ds = ds.apply(tf.data.experimental.assert_cardinality(plan.steps))
     options = tf.data.Options()
-    # Nothing in this pipeline is autotuned, and with autotuning on, deleting an iterator (the end
-    # of every epoch in `fit`) can wait for the autotuner's next wake-up: measured 0.1-0.5 s per
-    # epoch with TensorFlow 2.21. A pipeline that wants it sets `autotune.enabled` again.
+    # Nothing here is autotuned, and with autotuning on, deleting an iterator (every epoch's end in
+    # `fit`) waits for the autotuner's next wake-up (docs/performance.md, "tf.data autotuning
+    # off"). A pipeline that wants it sets `autotune.enabled` again.
     options.autotune.enabled = False
     if sharded_by_us:
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import tensorflow as tf
@@ -84,7 +85,16 @@ def distribute(
                 f"strategy's input context); drop it, or call from_arrays yourself."
             )
     check_forwarded(from_arrays_kwargs, "from_arrays")
-    replicas = int(strategy.num_replicas_in_sync)
+    _check_per_replica(global_batch, int(strategy.num_replicas_in_sync))
+    pipelines = _Pipelines((x, y, sample_weight), global_batch, repeat, from_arrays_kwargs)
+    dataset = strategy.distribute_datasets_from_function(pipelines)
+    if pipelines.steps:  # the strategy builds this worker's datasets eagerly
+        _STEPS[dataset] = pipelines.steps[0]
+    return dataset
+
+
+def _check_per_replica(global_batch: int, replicas: int) -> None:
+    """Refuse a global batch that the replicas cannot share equally."""
     if global_batch % replicas:
         lower = global_batch - global_batch % replicas
         raise ConfigError(
@@ -92,32 +102,36 @@ def distribute(
             f"{replicas} replicas in sync (strategy.num_replicas_in_sync); use "
             f"{lower or replicas} or {lower + replicas}."
         )
-    steps: list[int] = []
 
-    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+
+@dataclass
+class _Pipelines:
+    """The dataset function :func:`distribute` gives the strategy: the dataset of each input
+    pipeline, and the steps per epoch of each built (only this worker's, in this process)."""
+
+    arrays: tuple[Any, Any, Any]
+    global_batch: int
+    repeat: bool
+    options: dict[str, Any]
+    steps: list[int] = field(default_factory=list)
+
+    def __call__(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = from_arrays(
-            x,
-            y,
-            sample_weight,
-            batch_size=ctx.get_per_replica_batch_size(global_batch),
+            *self.arrays,
+            batch_size=ctx.get_per_replica_batch_size(self.global_batch),
             shard=ctx,
-            **from_arrays_kwargs,
+            **self.options,
         )
         local_replicas = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
         batches = len(ds)
-        if repeat and batches % local_replicas:
+        if self.repeat and batches % local_replicas:
             raise ConfigError(
                 f"`repeat=True` needs each epoch to end on a step boundary, but this worker has "
                 f"{batches} batches per epoch for {local_replicas} local replicas; change "
                 "`global_batch_size` or the number of rows, or set `repeat=False`."
             )
-        steps.append(math.ceil(batches / local_replicas))
-        return ds.repeat() if repeat else ds
-
-    dataset = strategy.distribute_datasets_from_function(dataset_fn)
-    if steps:  # the strategy builds this worker's datasets eagerly
-        _STEPS[dataset] = steps[0]
-    return dataset
+        self.steps.append(math.ceil(batches / local_replicas))
+        return ds.repeat() if self.repeat else ds
 
 
 def distributed_steps(dataset: Any) -> int:

@@ -44,21 +44,17 @@ from .structure import Treedef
 __all__ = ["Feed", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
-#: is whole batches, so usually a little less). Every ``from_generator`` call
-#: has a fixed cost inside TensorFlow (0.6 ms per element with its split, 2 cores), so groups are
-#: big: 16 MiB gave 0.66-0.72x the tf.data floor for 132-byte rows (1 MiB: 0.40x), and for
-#: 12 KiB rows 5 batches per call read 2.2x faster than one (benchmarks/bench_throughput.py).
+#: is whole batches, so usually a little less). Big, because every ``from_generator`` element has
+#: a fixed cost inside TensorFlow (docs/performance.md, "Group size").
 GROUP_BYTES = 16 << 20
 #: Up to this many bytes per group when every leaf gathers rows itself (``GatherInto``: arrays in
 #: memory, memory maps, contiguous HDF5, CSR matrices whose parts gather) and no ``map_batch``
-#: runs: reading then costs little per byte, and a group's fixed costs dominate.
-#: Beside a training loop (a thread running Python) those are GIL hand-offs, each waiting up to
-#: the 5 ms switch interval: TensorFlow's thread taking a group, a reader waking, each gather.
-#: 12 KiB rows from a ``.npy`` file through tf.data beside a busy thread, 2 cores, 2 threads:
-#: 18 k rows/s in groups of 16 MiB, 34 k in groups of 64 MiB (the tf.data floor: 37 k).
+#: runs: reading then costs little per byte, and a group's fixed costs dominate (beside a training
+#: loop, GIL hand-offs that each wait up to the switch interval; docs/performance.md, "Groups of
+#: cheap reads").
 MAX_GROUP_BYTES = 64 << 20
 #: Bytes of groups read ahead (``num_threads + 1`` groups) that groups of cheap reads are sized to
-#: fill: 64 MiB up to 3 threads, 51 MiB at 4, 32 MiB at 7, :data:`GROUP_BYTES` from 15 on.
+#: fill, within :data:`GROUP_BYTES` and :data:`MAX_GROUP_BYTES`: fewer threads, larger groups.
 READ_AHEAD_BYTES = 256 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
@@ -79,11 +75,9 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-#: Most reader threads by default when they only read. Measured on a 16-core GPU host
-#: (benchmarks/results/gpu-host-16-cores, README "Threads (16 cores)"): reads peak at 2-8 threads
-#: and fall beyond, because every hand-off between threads costs more there than on few cores;
-#: over 18 storage x row-size cases, 4 threads reached 0.83x the best thread count of each case
-#: (geometric mean) and 8 threads 0.73x. 2 cores: 2 threads, as before.
+#: Most reader threads by default when they only read: on many cores reads peak at a few threads
+#: and fall beyond, as every hand-off between threads costs more there (docs/performance.md,
+#: "Default reader threads").
 READ_THREADS = 4
 #: Most reader threads by default when ``map_batch`` runs in them: the mapping is the user's own
 #: work per batch, often far more than the read, and spreads over more cores.
@@ -360,9 +354,7 @@ class Feed:
         """Row indices of steps ``[first, stop)`` of ``epoch``, from ``blocks`` when given."""
         if blocks is not None:
             return blocks.get(first, stop)
-        # A recycled buffer: a group's indices are ~1 MiB, and a fresh array that size is a new
-        # mmap (page-faulted on first touch) once TensorFlow has lowered glibc's mmap threshold,
-        # which a `from_generator` iterator does for the whole process.
+        # Recycled: beside TensorFlow a fresh array this size is a new, page-faulting mmap.
         out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
         return self.plan.indices(epoch, first, stop, out=out)
 

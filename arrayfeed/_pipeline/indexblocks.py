@@ -2,11 +2,11 @@
 
 Pure planning: no I/O, no TensorFlow. Every NumPy call on more than a few hundred elements
 releases the GIL, and a thread that gave it up waits for it behind any thread running Python (a
-training loop) for up to the switch interval, 5 ms. Computing each group's indices on its own
-made that wait the reader's largest cost beside a busy thread: beyond ``EXACT_MAX`` rows a shuffle
-runs about 200 NumPy calls per pass of the permutation, and a group of 1,280 large rows waited
-30 ms (6 switch intervals) for its indices alone. A block of up to :data:`BLOCK_POSITIONS`
-positions takes about as many calls as one group did, so the waits per row fall by the ratio.
+training loop) for up to the switch interval. Computing each group's indices on its own made that
+wait the reader's largest cost beside a busy thread: beyond ``EXACT_MAX`` rows a shuffle runs
+about 200 NumPy calls per pass of the permutation, each a possible wait (docs/performance.md,
+"Index blocks beside a busy thread"). A block of up to :data:`BLOCK_POSITIONS` positions takes
+about as many calls as one group did, so the waits per row fall by the ratio.
 
 The first blocks of an epoch are one group, then two, four, ... up to the full size: the first
 group does not wait for a large block. Each block is computed once, by the first reader that needs

@@ -21,10 +21,10 @@ the same permutation with any NumPy version.
 Positions go through the network ``CHUNK`` at a time, in work buffers that calls reuse, and the
 images can be written into a caller's array (``out=``): a reader thread permutes every block of
 an epoch's positions (:mod:`.indexblocks`) without allocating. That matters beside TensorFlow:
-building a ``from_generator`` iterator lowers glibc's mmap threshold to 128 KiB for the whole
-process (and freezes it there), so every temporary of that size or more is a fresh ``mmap`` that
-page-faults on first touch; the ~50 group-sized temporaries of a Feistel evaluation made computing
-a group's indices 4x slower.
+building a ``from_generator`` iterator lowers glibc's mmap threshold for the whole process (and
+freezes it there), so every large temporary is a fresh ``mmap`` that page-faults on first touch,
+and a Feistel evaluation makes dozens of group-sized temporaries (docs/performance.md, "Fresh
+temporaries beside TensorFlow").
 """
 
 from __future__ import annotations
@@ -43,12 +43,11 @@ from .._forks import renew_after_fork
 __all__ = ["CHUNK", "EXACT_MAX", "derive_key", "invert", "permute", "splitmix64"]
 
 EXACT_MAX = 1 << 16
-#: Most positions permuted per pass through the work buffers (2 MiB each). Every NumPy
-#: call of a pass (about 200 with cycle walking) hands the GIL over and back, and beside a busy
-#: Python thread (a training loop) each hand-off can wait 5 ms, so passes are long: readers compute
-#: an epoch's indices in blocks of this many positions (:mod:`.indexblocks`). 256 Ki against
-#: 64 Ki, 150,000 rows of 12 KiB beside a busy thread (2 cores, benchmarks/bench_scaling.py,
-#: 2 threads): 58 k -> 67 k rows/s.
+#: Most positions permuted per pass through the work buffers. Every NumPy call of a pass (about
+#: 200 with cycle walking) hands the GIL over and back, and beside a busy Python thread (a training
+#: loop) each hand-off can wait the switch interval, so passes are long: readers compute an epoch's
+#: indices in blocks of this many positions (:mod:`.indexblocks`; docs/performance.md,
+#: "Permutation passes").
 CHUNK = 1 << 18
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
@@ -111,7 +110,7 @@ class _Scratch:
 
 #: Work buffers not in use, kept for the next call (reader threads end with every epoch, so
 #: buffers kept per thread would be allocated and faulted in anew each epoch). At most
-#: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (~8.5 MiB each) are kept.
+#: ``_MAX_SPARE`` sets of at most ``CHUNK`` positions (four words and a flag each) are kept.
 _spare: list[_Scratch] = []
 _spare_lock = threading.Lock()
 renew_after_fork(sys.modules[__name__], "_spare_lock")

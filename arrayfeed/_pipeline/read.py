@@ -44,9 +44,8 @@ class Allocator(Protocol):
 class BufferPool:
     """Recycles large output buffers once nothing references them any more.
 
-    A fresh multi-megabyte buffer costs a page fault per 4 KiB page on its first write (glibc maps
-    large allocations anew each time): measured on 12 KiB rows, recycling made the pipeline ~20 %
-    faster. A buffer is handed out again only when the pool's own reference is the last one: every
+    A fresh multi-megabyte buffer costs a page fault per page on its first write (glibc maps large
+    allocations anew each time; docs/performance.md, "Recycling output buffers"). A buffer is handed out again only when the pool's own reference is the last one: every
     array viewing it (and so every TensorFlow tensor that wraps one without copying, which holds
     a reference to the array until the tensor is freed) keeps it out of reuse. At most
     ``capacity`` buffers and ``max_bytes`` bytes are kept (for the pool's lifetime, which is its
@@ -61,8 +60,8 @@ class BufferPool:
         renew_after_fork(self, "_lock")
         self.fresh = 0
         self.reused = 0
-        # The reference count of a buffer that only the pool holds, measured the way _free
-        # measures it (it differs between Python versions), so reuse never depends on a constant.
+        # The reference count of a buffer that only the pool holds, counted the way _free counts
+        # it (it differs between Python versions), so reuse never depends on a constant.
         probe = [np.empty(1, dtype=np.uint8)]
         self._free_count = self._count(probe, 0)
 

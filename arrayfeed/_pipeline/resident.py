@@ -4,9 +4,8 @@ Labels and weights beside large features are usually stored the way the features
 chunks of the same rows (``arrayfeed convert`` writes them so, and so do most writers), which
 makes each chunk of a label tiny (16 rows of int32: 64 bytes). Read chunk by chunk, every such
 chunk costs what a large one does in Python: a claim, a ``pread``, its decoders, a copy, each
-native call a GIL hand-off. Next to the features' reads that is about half of all the calls and
-a fifth of the GIL-held time (2 cores, L rows from ``arrayfeed convert``: with the labels in
-memory, 2 reader threads read HDF5 26 % and Zarr 35 % faster).
+native call a GIL hand-off. Next to the features' reads that is a large share of all the calls
+and of the GIL-held time (docs/performance.md, "Resident leaves").
 
 So a chunked leaf of at most :data:`RESIDENT_BYTES` that is at most 1/:data:`RESIDENT_SHARE`
 of the largest leaf (smallest first, up to :data:`RESIDENT_TOTAL` in all) has this worker's rows

@@ -60,7 +60,8 @@ BLOCK_BYTES = 1 << 20
 #: Target bytes per window of blocks: larger mixes better, and a reader holds about two windows.
 WINDOW_BYTES = 32 << 20
 #: Smallest block: whole chunks adding up to at least this, so that small chunks are not read
-#: one storage call each (a call's fixed cost in h5py or Zarr is paid whatever its size).
+#: one storage call each (a call's fixed cost in h5py or Zarr is paid whatever its size;
+#: docs/performance.md, "Blocks of whole chunks").
 MIN_BLOCK_BYTES = 4 << 20
 
 
