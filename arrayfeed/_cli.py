@@ -246,11 +246,12 @@ def _add_bench(subparsers: SubParsers) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from ._pipeline.bench import arrays_at, bench
+    from ._pipeline.bench import bench
 
     options = parse_storage_options(args.storage_options)
-    arrays = arrays_at(args.paths, storage_options=options)
-    report = bench(arrays, batch_size=args.batch_size, seconds=args.seconds)
+    report = bench(
+        args.paths, batch_size=args.batch_size, seconds=args.seconds, storage_options=options
+    )
     print(report.format())
     return 0
 
@@ -262,6 +263,10 @@ def _add_inspect(subparsers: SubParsers) -> None:
         description="List the arrays of an HDF5 file, Zarr store, .npy or .npz file (shape, "
         "dtype, chunks, compression, size), say whether the layout suits shuffled batch reads, "
         "and print the `arrayfeed convert` command that would fix it. Reads metadata only.",
+        epilog="PATH is a file or store, or one array of it: file.h5:KEY, store.zarr:KEY "
+        "(KEY may be a path such as obsm/X_pca); URLs too.\n\nexamples:\n"
+        "  arrayfeed inspect raw.h5\n  arrayfeed inspect data.h5ad:obsm/X_pca",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", metavar="PATH")
     _add_storage_option(parser)
@@ -281,6 +286,10 @@ def _add_verify(subparsers: SubParsers) -> None:
         "wrote, check each chunk's own checksum and each array's CRC-32 against the record "
         "stored with it, and print a one-line verdict. Exit 1 (naming the array and chunk) on "
         "any mismatch.",
+        epilog="PATH is the file or store, or one array of it (store.zarr:KEY, file.h5:KEY), "
+        "checked alone; URLs too.\n\nexamples:\n  arrayfeed verify train.h5\n"
+        "  arrayfeed verify train.zarr:images",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", metavar="PATH")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

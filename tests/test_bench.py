@@ -103,3 +103,25 @@ def test_arrays_at_errors(tmp_path: Path) -> None:
 def test_bench_on_fewer_rows_than_a_batch_is_an_error() -> None:
     with pytest.raises(af.ConfigError, match="too few rows for one batch"):
         af.bench({"x": np.zeros((10, 2), np.float32)}, batch_size=256, seconds=0.1)
+
+
+def test_bench_takes_paths_as_the_command_line_does(tmp_path: Path) -> None:
+    with h5py.File(tmp_path / "raw.h5", "w") as f:
+        f.create_dataset("group/x", data=np.zeros((3000, 16), np.float32), chunks=(500, 16))
+        f["y"] = np.arange(3000)
+    af.convert({"x": np.zeros((3000, 2), np.float32)}, tmp_path / "c.zarr", progress=False)
+    one = af.bench(f"{tmp_path}/raw.h5:group/x", batch_size=64, seconds=0.05, modes=("full",))
+    assert (one.rows, one.row_bytes, one.chunk_rows) == (3000, 64, {"group/x": 500})
+    both = af.bench([f"{tmp_path}/raw.h5:y", f"x={tmp_path}/c.zarr:x"], batch_size=64, seconds=0.05)
+    assert both.row_bytes == 16 and set(both.chunk_rows) == {"x", "y"}
+    with pytest.raises(af.SourceNotFoundError, match=r"its arrays are \['x'\]"):
+        af.bench(f"{tmp_path}/c.zarr:nope")
+    whole = af.bench(tmp_path / "raw.h5", batch_size=64, seconds=0.05, modes=("full",))
+    assert set(whole.chunk_rows) == {"group/x", "y"}
+
+
+def test_arrays_at_takes_a_path_with_a_colon_as_written(tmp_path: Path) -> None:
+    with h5py.File(tmp_path / "t.h5:y", "w") as f:  # no t.h5 beside it
+        f["x"] = np.zeros((10, 3))
+        f["z"] = np.zeros(10)
+    assert sorted(arrays_at([str(tmp_path / "t.h5:y")])) == ["x", "z"]

@@ -237,11 +237,137 @@ def test_inspect(capsys: pytest.CaptureFixture[str], data: Path) -> None:
     )
 
 
+# --- one array of a file or store: PATH:KEY ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """raw.h5 (group/x in chunks of 10 rows, y), conv.zarr (x, y by `af.convert`) and a.h5ad
+    (sparse X, obsm/X_pca, written by anndata)."""
+    import anndata
+    import scipy.sparse
+
+    d = tmp_path_factory.mktemp("keyed")
+    rng = np.random.default_rng(0)
+    with h5py.File(d / "raw.h5", "w") as f:
+        f.create_dataset("group/x", data=rng.normal(size=(600, 8)), chunks=(10, 8))
+        f["y"] = np.arange(600)
+    x = rng.normal(size=(600, 8)).astype(np.float32)
+    af.convert({"x": x, "y": np.arange(600)}, d / "conv.zarr", progress=False)
+    matrix = scipy.sparse.random(600, 40, density=0.1, format="csr", dtype=np.float32, rng=0)
+    pca = rng.normal(size=(600, 16)).astype(np.float32)
+    anndata.AnnData(X=matrix, obsm={"X_pca": pca}).write_h5ad(d / "a.h5ad")
+    return d
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "fix"),
+    [
+        ("raw.h5:group/x", "group/x", "arrayfeed convert group/x={d}/raw.h5:group/x -o "),
+        ("raw.h5:/group/x", "group/x", "arrayfeed convert group/x={d}/raw.h5:group/x -o "),
+        ("conv.zarr:x", "x", None),
+        ("a.h5ad:obsm/X_pca", "obsm/X_pca", None),
+        ("a.h5ad:X", "X", None),
+    ],
+)
+def test_inspect_one_array(
+    capsys: pytest.CaptureFixture[str], keyed: Path, spec: str, name: str, fix: str | None
+) -> None:
+    code, stdout, stderr = run(capsys, "inspect", f"{keyed}/{spec}")
+    assert (code, stderr) == (0, "")
+    path = spec.partition(":")[0]
+    assert stdout.startswith(f"{keyed}/{path}:{name}: ")
+    assert ", 1 array, " in stdout.splitlines()[0]
+    rows = [line.split()[0] for line in stdout.splitlines()[2:] if line.startswith("  ")]
+    assert rows[0] == name and "y" not in rows and "obs/_index" not in rows
+    if fix is None:
+        assert "Fix" not in stdout
+    else:  # the fix converts that array alone
+        command = stdout.split("Fix: convert it with\n")[1].strip()
+        assert command.startswith(fix.format(d=keyed)) and " y=" not in command
+    if path == "conv.zarr":
+        assert "(written by arrayfeed" in stdout
+
+
+def test_verify_one_array(capsys: pytest.CaptureFixture[str], keyed: Path) -> None:
+    code, stdout, stderr = run(capsys, "verify", f"{keyed}/conv.zarr:x", "-q")
+    assert (code, stderr) == (0, "")
+    assert stdout.startswith(f"{keyed}/conv.zarr:x: OK, 1 array of 600 rows (18.8 KiB) match")
+    code, stdout, _ = run(capsys, "verify", f"{keyed}/conv.zarr:y", "-q")
+    assert code == 0 and "conv.zarr:y: OK, 1 array of 600 rows (4.7 KiB)" in stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["inspect", "a.h5ad:obsm/nope"],
+            r"'{d}/a.h5ad' has no array 'obsm/nope'; its arrays are \['X', 'obs/_index', "
+            r"'obsm/X_pca', 'var/_index'\]. Name one as '{d}/a.h5ad:NAME', or give "
+            r"'{d}/a.h5ad' alone for all of them\.",
+        ),
+        (["inspect", "raw.h5:group"], r"has no array 'group'; its arrays are \['group/x', 'y'\]"),
+        (["verify", "conv.zarr:nope"], r"has no array 'nope'; its arrays are \['x', 'y'\]"),
+        (["verify", "a.h5ad:obsm/X_pca"], r"'{d}/a.h5ad' was not written by `arrayfeed convert`"),
+        (["inspect", "missing.h5:x"], r"nothing at '{d}/missing.h5'; check the path\."),
+    ],
+)
+def test_a_key_that_is_not_there_is_named_with_what_is(
+    capsys: pytest.CaptureFixture[str], keyed: Path, argv: list[str], message: str
+) -> None:
+    command, spec = argv
+    code, stdout, stderr = run(capsys, command, f"{keyed}/{spec}")
+    assert code == 1 and stdout == ""
+    assert stderr.count("\n") == 1 and stderr.startswith("arrayfeed: error: ")
+    assert re.search(message.format(d=re.escape(str(keyed))), stderr), stderr
+
+
+def test_a_path_with_a_colon_is_taken_as_written(
+    capsys: pytest.CaptureFixture[str], keyed: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    shutil.copy(keyed / "raw.h5", tmp_path / "raw.h5:y")  # no raw.h5 beside it
+    shutil.copytree(keyed / "conv.zarr", tmp_path / "conv.zarr:x")
+    code, stdout, _ = run(capsys, "inspect", f"{tmp_path}/raw.h5:y")
+    assert code == 0 and stdout.startswith(f"{tmp_path}/raw.h5:y: HDF5, 2 arrays")
+    code, stdout, _ = run(capsys, "verify", f"{tmp_path}/conv.zarr:x", "-q")
+    assert code == 0 and stdout.startswith(f"{tmp_path}/conv.zarr:x: OK, 2 arrays")
+    argv = ["bench", f"{tmp_path}/raw.h5:y", "--seconds", "0.05", "--batch-size", "64"]
+    code, stdout, stderr = run(capsys, *argv)
+    assert (code, stderr) == (0, ""), stderr
+    assert stdout.startswith("600 rows of 72 bytes, batch 64")  # group/x and y: the whole file
+
+
+def test_one_array_of_a_store_behind_a_url(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("fsspec")
+    import uuid
+
+    url = f"memory://arrayfeed-{uuid.uuid4().hex}/c.zarr"
+    af.convert({"x": np.arange(300.0), "y": np.arange(300)}, url, progress=False)
+    code, stdout, _ = run(capsys, "inspect", f"{url}:y")
+    assert code == 0 and stdout.startswith(f"{url}:y: Zarr v3, 1 array")
+    code, stdout, _ = run(capsys, "verify", f"{url}:x", "-q")
+    assert code == 0 and stdout.startswith(f"{url}:x: OK, 1 array of 300 rows")
+    code, _, stderr = run(capsys, "verify", f"{url}:z", "-q")
+    assert code == 1 and f"'{url}' has no array 'z'; its arrays are ['x', 'y']" in stderr
+
+
 # --- real processes --------------------------------------------------------------------------
 
 
 def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def python_m_arrayfeed(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "arrayfeed", *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.slow
@@ -257,14 +383,15 @@ def test_python_m_arrayfeed_does_not_import_tensorflow(data: Path) -> None:
         [sys.executable, "-c", script], env=env(), capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "arrayfeed", "inspect", f"{data}/o.h5"],
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python_m_arrayfeed("inspect", f"{data}/o.h5")
     assert proc.returncode == 0 and "suited to shuffled batch reads" in proc.stdout
+
+
+@pytest.mark.slow
+def test_python_m_arrayfeed_inspects_one_array(keyed: Path) -> None:
+    proc = python_m_arrayfeed("inspect", f"{keyed}/a.h5ad:obsm/X_pca")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith(f"{keyed}/a.h5ad:obsm/X_pca: HDF5, 1 array, 37.5 KiB stored\n")
 
 
 def start_slow_conversion(data: Path, output: str) -> tuple[subprocess.Popen[str], Path]:

@@ -207,3 +207,33 @@ def test_netcdf_dimension_placeholders_are_not_arrays(tmp_path: Path) -> None:
     assert [a.name for a in report.arrays] == ["t2m"]
     assert all("time=" not in fix and "lat=" not in fix for fix in report.fixes)
     assert af.open_array(path).shape == (100, 4)  # the one variable, without naming it
+
+
+def test_one_array_is_judged_alone(tmp_path: Path) -> None:
+    """``path:key`` reports that array, its problems as read alone, and the fix for it alone."""
+    path = tmp_path / "mixed.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("train/x", data=np.zeros((4000, 64), np.float32), chunks=(8, 64))
+        f.create_dataset("train/y", data=np.arange(4000), chunks=(4000,))
+    whole = af.inspect(path)
+    x = af.inspect(f"{path}:train/x")
+    assert (x.path, x.key, [a.name for a in x.arrays]) == (path, "train/x", ["train/x"])
+    assert x.arrays[0] == next(a for a in whole.arrays if a.name == "train/x")
+    assert not x.suited and all("train/y" not in p for p in x.problems)
+    assert shlex.split(x.fixes[0])[2:4] == [f"train/x={path}:train/x", "-o"]
+    assert str(x).startswith(f"{path}:train/x: HDF5, 1 array, 1000.0 KiB stored\n")
+    y = af.inspect(f"{path}:/train/y")  # with HDF5's leading '/'
+    assert y.key == "train/y" and y.suited and y.fixes == ()
+    with pytest.raises(af.SourceNotFoundError, match=r"its arrays are \['train/x', 'train/y'\]"):
+        af.inspect(f"{path}:train")
+
+
+def test_one_array_of_a_converted_store_keeps_its_record(tmp_path: Path) -> None:
+    out = tmp_path / "c.zarr"
+    af.convert({"x": np.zeros((100, 4)), "y": np.arange(100)}, out, progress=False)
+    report = af.inspect(f"{out}:y")
+    assert report.record == af.written_by_arrayfeed(out) and report.suited
+    assert "(written by arrayfeed" in str(report).splitlines()[0]
+    np.save(tmp_path / "lone.npy", np.zeros(3))
+    with pytest.raises(af.SourceNotFoundError, match=r"holds one array, .* drop ':x'"):
+        af.inspect(f"{tmp_path}/lone.npy:x")

@@ -117,3 +117,30 @@ def test_the_verify_command_prints_a_verdict_and_fails_on_rot(tmp_path: Path) ->
     done = subprocess.run(run, capture_output=True, text=True, env=subprocess_env(), timeout=120)
     assert done.returncode == 1
     assert "chunk (5, 0)" in done.stderr and done.stderr.startswith("arrayfeed: error:")
+
+
+@pytest.mark.parametrize("output", ["c.h5", "c.zarr"])
+def test_verify_checks_the_one_array_a_path_names(tmp_path: Path, output: str) -> None:
+    out, _ = _convert(tmp_path, output, "lzf")
+    report = af.verify(f"{out}:y", progress=False)
+    assert (report.key, report.arrays, report.nbytes) == ("y", ("y",), ROWS * 4)
+    assert str(report).startswith(f"{out}:y: OK, 1 array of 40,000 rows")
+    _flip_a_byte_of_chunk(out, 3)
+    assert af.verify(f"{out}:y", progress=False).arrays == ("y",)  # x is not read
+    with pytest.raises(af.CorruptDataError, match=r"chunk \(3, 0\)"):
+        af.verify(f"{out}:x", progress=False)
+    with pytest.raises(af.SourceNotFoundError, match=r"no array 'z'; its arrays are \['x', 'y'\]"):
+        af.verify(f"{out}:z", progress=False)
+
+
+def test_verify_one_sparse_matrix_reads_its_three_arrays(tmp_path: Path) -> None:
+    import scipy.sparse
+
+    m = scipy.sparse.random(300, 20, density=0.2, format="csr", dtype=np.float32, rng=1)
+    out = tmp_path / "m.zarr"
+    af.convert({"m": m, "ids": np.arange(300)}, out, progress=False)
+    stored = {p: af.open_array(out, f"m/{p}") for p in ("data", "indices", "indptr")}
+    nbytes = {p: len(a) * a.dtype.itemsize for p, a in stored.items()}
+    report = af.verify(f"{out}:m", progress=False)
+    assert report.arrays == ("m",) and report.nbytes == sum(nbytes.values())
+    assert af.verify(f"{out}:m/indptr", progress=False).nbytes == nbytes["indptr"]

@@ -51,10 +51,9 @@ from .._storage import (
     as_source_for_copy,
     expand_url,
     is_array_like,
-    is_url,
     open_for_copy,
-    split_spec,
 )
+from .specs import locate
 
 __all__ = ["InputLike", "Parts", "open_input", "read_run"]
 
@@ -74,23 +73,20 @@ def read_run(source: Source, start: int, stop: int) -> np.ndarray:
 def _expand(
     spec: str, storage_options: Mapping[str, Any] | None = None
 ) -> list[tuple[Path | str, str | None]]:
-    if is_url(spec):  # never through Path, which turns 's3://b' into 's3:/b'
-        url, key = split_spec(spec)
-        if not _GLOB_RE.search(url):
-            return [(url, key)]
-        matches = expand_url(url, storage_options or {})
+    path, key = locate(spec)
+    if isinstance(path, str):  # a URL: its filesystem expands the glob
+        if not _GLOB_RE.search(path):
+            return [(path, key)]
+        matches = expand_url(path, storage_options or {})
         if not matches:
-            raise SourceNotFoundError(f"no object matches the pattern '{url}'; check the pattern.")
+            raise SourceNotFoundError(f"no object matches the pattern '{path}'; check the pattern.")
         return [(m, key) for m in matches]
-    if os.path.lexists(spec):
-        return [(Path(spec), None)]
-    path, key = split_spec(spec)
-    if _GLOB_RE.search(path) and not os.path.lexists(path):
-        matches = sorted(globlib.glob(os.path.expanduser(path), recursive=True))
-        if not matches:
+    if _GLOB_RE.search(str(path)) and not os.path.lexists(path):
+        found = sorted(globlib.glob(str(path), recursive=True))
+        if not found:
             raise SourceNotFoundError(f"no file matches the pattern '{path}'; check the pattern.")
-        return [(Path(m), key) for m in matches]
-    return [(Path(os.path.expanduser(path)), key)]
+        return [(Path(m), key) for m in found]
+    return [(path, key)]
 
 
 class Parts:

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._storage import ArrayLayout, ConversionRecord, describe, is_url
+from .._storage import ArrayLayout, ConversionRecord, describe
 from .layout import assess, format_bytes
+from .specs import locate, pick
 
 __all__ = ["InspectReport", "inspect"]
 
@@ -28,6 +29,7 @@ class InspectReport:
 
     Attributes:
         path: The file or store inspected (a URL stays a string).
+        key: The one array inspected, when ``path`` named one (``file.h5:key``); else None.
         format: ``"HDF5"``, ``"Zarr v3"``, ``"Zarr v2"``, ``".npy"`` or ``".npz"``.
         arrays: Layout of every array, in storage order.
         problems: Why the layout does not suit shuffled batch reads (empty when it does).
@@ -43,6 +45,7 @@ class InspectReport:
     notes: tuple[str, ...]
     fixes: tuple[str, ...]
     record: ConversionRecord | None = None
+    key: str | None = None
 
     @property
     def suited(self) -> bool:
@@ -52,7 +55,8 @@ class InspectReport:
     def __str__(self) -> str:
         stored = [a.stored_bytes for a in self.arrays if a.stored_bytes is not None]
         count = f"{len(self.arrays)} array{'s' if len(self.arrays) != 1 else ''}"
-        head = f"{self.path}: {self.format}, {count}"
+        where = self.path if self.key is None else f"{self.path}:{self.key}"
+        head = f"{where}: {self.format}, {count}"
         if stored:
             head += f", {format_bytes(sum(stored))} stored"
         if self.record is not None:
@@ -112,7 +116,11 @@ def inspect(
     holds the ``arrayfeed convert`` command that fixes it.
 
     Args:
-        path: The file or store, or its URL (``s3://bucket/train.zarr`` …).
+        path: The file or store, or its URL (``s3://bucket/train.zarr`` …). It may name one
+            array inside, as everywhere else (``"file.h5:group/x"``, ``"store.zarr:x"``,
+            ``"data.h5ad:obsm/X_pca"``): the report is then that array's alone, judged as read
+            on its own, with the fix that converts it alone (a path that exists as written, a
+            file named with a ``:``, is taken whole).
         storage_options: For a URL: options of its fsspec filesystem (credentials,
             ``endpoint_url`` …; see :func:`arrayfeed.open_array`).
 
@@ -120,7 +128,8 @@ def inspect(
         An :class:`InspectReport`; print it for the text ``arrayfeed inspect`` shows.
 
     Raises:
-        SourceNotFoundError: Nothing is at ``path``, or it is not a format arrayfeed reads.
+        SourceNotFoundError: Nothing is at ``path``, it is not a format arrayfeed reads, or
+            the array it names is not there (the message lists those that are).
 
     >>> import numpy as np, tempfile, os, h5py, arrayfeed as af
     >>> path = os.path.join(tempfile.mkdtemp(), "data.h5")
@@ -131,14 +140,20 @@ def inspect(
     False
     >>> report.fixes[0].split(" -o ")[0].endswith("data.h5:x")
     True
+    >>> [a.name for a in af.inspect(path + ":x").arrays]
+    ['x']
     """
-    info = describe(path, storage_options)
-    p = os.fspath(path) if is_url(path) else Path(os.path.expanduser(os.fspath(path)))
+    p, key = locate(path)
+    info = describe(p, storage_options)
     layouts = list(info.arrays)
+    if key is not None:
+        key = pick(p, key, [a.name for a in layouts])
+        layouts = [a for a in layouts if a.name == key]
     problems, notes = assess(layouts)
     fixes = _fixes(p, info.convert_suffix, layouts, info.specs) if problems else []
     return InspectReport(
         path=p,
+        key=key,
         format=info.format,
         arrays=tuple(layouts),
         problems=tuple(problems),

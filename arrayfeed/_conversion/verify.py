@@ -29,7 +29,6 @@ from .._storage import (
     RemotePath,
     Source,
     SparseRows,
-    is_url,
     open_array,
     open_written,
     row_bytes,
@@ -40,6 +39,7 @@ from .copy import Checksums, Copy
 from .inputs import read_run
 from .layout import SLAB_BYTES, element_runs, format_bytes, slab_rows
 from .progress import Progress
+from .specs import locate, pick
 
 __all__ = ["VerifyReport", "verify", "verify_copy"]
 
@@ -54,6 +54,7 @@ class VerifyReport:
         rows: Rows of every array.
         nbytes: Bytes read (uncompressed).
         seconds: Time it took.
+        key: The one array checked, when ``path`` named one (``store.zarr:x``); else None.
     """
 
     path: Path | str
@@ -61,11 +62,13 @@ class VerifyReport:
     rows: int
     nbytes: int
     seconds: float
+    key: str | None = None
 
     def __str__(self) -> str:
         rate = format_bytes(self.nbytes / self.seconds) + "/s" if self.seconds > 0 else "-"
+        where = self.path if self.key is None else f"{self.path}:{self.key}"
         return (
-            f"{self.path}: OK, {len(self.arrays)} array{'s' if len(self.arrays) != 1 else ''} "
+            f"{where}: OK, {len(self.arrays)} array{'s' if len(self.arrays) != 1 else ''} "
             f"of {self.rows:,} rows ({format_bytes(self.nbytes)}) match the checksums recorded "
             f"by arrayfeed convert ({self.seconds:.1f} s, {rate})."
         )
@@ -83,7 +86,11 @@ def verify(
     written, and each chunk must pass its own checksum on the way (HDF5 fletcher32, Zarr crc32c).
 
     Args:
-        path: An HDF5 file or Zarr store written by ``arrayfeed convert``.
+        path: An HDF5 file or Zarr store written by ``arrayfeed convert``. It may name one
+            array inside, as everywhere else (``"train.zarr:x"``): that array alone is read and
+            checked against the record (a sparse matrix's name checks its ``data``, ``indices``
+            and ``indptr``). A path that exists as written (a file named with a ``:``) is taken
+            whole.
         progress: Draw a progress bar on stderr; None draws it only when stderr is a terminal.
         storage_options: For a URL (``s3://bucket/train.zarr``): options of its fsspec
             filesystem (see :func:`arrayfeed.open_array`).
@@ -94,62 +101,30 @@ def verify(
     Raises:
         CorruptDataError: A chunk fails its checksum, cannot be decoded or is missing, or an
             array's rows do not match the record, naming the array (and chunk).
-        SourceNotFoundError: Nothing at ``path``, or it was not written by ``arrayfeed convert``
-            (there is no record to check against).
+        SourceNotFoundError: Nothing at ``path``, it was not written by ``arrayfeed convert``
+            (there is no record to check against), or the array it names is not in the record
+            (the message lists those that are).
 
     >>> import numpy as np, tempfile, os, arrayfeed as af
     >>> out = os.path.join(tempfile.mkdtemp(), "data.h5")
     >>> _ = af.convert({"x": np.arange(1000.0)}, out, compression="lzf", progress=False)
     >>> af.verify(out, progress=False).arrays
     ('x',)
+    >>> af.verify(out + ":x", progress=False).key
+    'x'
     """
-    p = os.fspath(path) if is_url(path) else Path(os.path.expanduser(os.fspath(path)))
+    p, key = locate(path)
     record = written_by_arrayfeed(p, storage_options=storage_options)
     if record is None:
         raise SourceNotFoundError(
             f"'{p}' was not written by `arrayfeed convert` (it has no conversion record), so "
             "there is nothing to verify it against; convert it to get checksums."
         )
-    names = sorted(record.checksums)
-    sources = {name: open_array(p, name, storage_options=storage_options) for name in names}
-    lengths = dict.fromkeys(names, record.rows)
-    for matrix, (_, nnz) in record.sparse.items():
-        _check_sparse(p, matrix, open_array(p, matrix, storage_options=storage_options), record)
-        for part, length in zip(SPARSE_COMPONENTS, (nnz, nnz, record.rows + 1), strict=True):
-            lengths[f"{matrix}/{part}"] = length
-    for name, source in sources.items():
-        if len(source) != lengths[name]:
-            raise CorruptDataError(
-                f"`{name}` in '{p}' has {len(source)} rows, but the record says {lengths[name]}; "
-                "the store was changed after it was written. Convert it again."
-            )
-    dense = {n: s for n, s in sources.items() if n.rpartition("/")[0] not in record.sparse}
-    bytes_per_row = row_bytes(dense.values())
-    step = slab_rows(
-        record.chunk_rows or 1, max(1, bytes_per_row), record.rows, target_bytes=SLAB_BYTES
-    )
-    total = record.rows * bytes_per_row + sum(
-        lengths[n] * s.dtype.itemsize for n, s in sources.items() if n not in dense
-    )
+    chosen = _Chosen.of(record, key, p)
+    sources = _open_checked(p, chosen, record, storage_options)
     started = time.perf_counter()
-    checksums = Checksums(names)
-    try:
-        with Progress(total, label="verifying", enabled=progress) as bar:
-            for a in range(0, record.rows, step):
-                b = min(a + step, record.rows)
-                for name, source in dense.items():
-                    checksums.add(name, read_run(source, a, b))  # made contiguous there
-                bar.update((b - a) * bytes_per_row)
-            for name, source in sources.items():  # the arrays of sparse matrices
-                if name in dense:
-                    continue
-                for a, b in element_runs(lengths[name], source.dtype.itemsize):
-                    checksums.add(name, read_run(source, a, b))
-                    bar.update((b - a) * source.dtype.itemsize)
-            found = checksums.result()
-    finally:
-        checksums.close()
-    for name in names:
+    found, nbytes = _read_back(sources, chosen, record, progress)
+    for name in chosen.lengths:
         if found[name] != record.checksums[name]:
             raise CorruptDataError(
                 f"`{name}` in '{p}' reads back with CRC-32 {found[name]:08x}, but it was written "
@@ -158,11 +133,103 @@ def verify(
             )
     return VerifyReport(
         path=p,
-        arrays=record.arrays,
+        key=None if key is None else chosen.reported[0],
+        arrays=chosen.reported,
         rows=record.rows,
-        nbytes=total,
+        nbytes=nbytes,
         seconds=time.perf_counter() - started,
     )
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """The arrays :func:`verify` reads: every array of the record, or those of the one named."""
+
+    #: Every array to read, sorted, with its length in the record.
+    lengths: dict[str, int]
+    #: Those of them that are arrays of rows; the others belong to sparse matrices.
+    dense: tuple[str, ...]
+    #: The sparse matrices named, checked whole before their arrays are read.
+    matrices: tuple[str, ...]
+    #: What the report names: arrays and sparse matrices, as the record lists them.
+    reported: tuple[str, ...]
+
+    @classmethod
+    def of(cls, record: ConversionRecord, key: str | None, p: Path | str) -> _Chosen:
+        """The arrays of ``record`` that ``key`` names (None: all of them) in the store ``p``."""
+        lengths = dict.fromkeys(record.checksums, record.rows)
+        matrix_of: dict[str, str] = {}
+        for matrix, (_, nnz) in record.sparse.items():
+            for part, length in zip(SPARSE_COMPONENTS, (nnz, nnz, record.rows + 1), strict=True):
+                lengths[f"{matrix}/{part}"] = length
+                matrix_of[f"{matrix}/{part}"] = matrix
+        matrices, reported = tuple(record.sparse), record.arrays
+        if key is not None:
+            name = pick(p, key, {*lengths, *record.sparse}, listed=record.arrays)
+            matrices = (name,) if name in record.sparse else ()
+            lengths = {
+                n: length
+                for n, length in lengths.items()
+                if n == name or matrix_of.get(n) in matrices
+            }
+            reported = (name,)
+        dense = tuple(n for n in sorted(lengths) if n not in matrix_of)
+        return cls(dict(sorted(lengths.items())), dense, matrices, reported)
+
+
+def _open_checked(
+    p: Path | str, chosen: _Chosen, record: ConversionRecord, storage_options: Any
+) -> dict[str, Source]:
+    """The arrays ``chosen`` names, opened, each of the length and every sparse matrix of the
+    shape the record gives (the store was changed after it was written otherwise)."""
+    sources = {
+        name: open_array(p, name, storage_options=storage_options) for name in chosen.lengths
+    }
+    for matrix in chosen.matrices:
+        _check_sparse(p, matrix, open_array(p, matrix, storage_options=storage_options), record)
+    for name, source in sources.items():
+        if len(source) != chosen.lengths[name]:
+            raise CorruptDataError(
+                f"`{name}` in '{p}' has {len(source)} rows, but the record says "
+                f"{chosen.lengths[name]}; the store was changed after it was written. Convert it "
+                "again."
+            )
+    return sources
+
+
+def _read_back(
+    sources: Mapping[str, Source],
+    chosen: _Chosen,
+    record: ConversionRecord,
+    progress: bool | None,
+) -> tuple[dict[str, int], int]:
+    """The CRC-32 of every array of ``sources``, read in full, and the bytes read: arrays of
+    rows side by side a slab at a time, then the arrays of sparse matrices, each on its own."""
+    dense = {name: sources[name] for name in chosen.dense}
+    bytes_per_row = row_bytes(dense.values())
+    step = slab_rows(
+        record.chunk_rows or 1, max(1, bytes_per_row), record.rows, target_bytes=SLAB_BYTES
+    )
+    total = record.rows * bytes_per_row + sum(
+        chosen.lengths[n] * s.dtype.itemsize for n, s in sources.items() if n not in dense
+    )
+    checksums = Checksums(list(chosen.lengths))
+    try:
+        with Progress(total, label="verifying", enabled=progress) as bar:
+            for a in range(0, record.rows, step):
+                b = min(a + step, record.rows)
+                for name, source in dense.items():
+                    checksums.add(name, read_run(source, a, b))  # made contiguous there
+                bar.update((b - a) * bytes_per_row)
+            for name, source in sources.items():
+                if name in dense:
+                    continue
+                for a, b in element_runs(chosen.lengths[name], source.dtype.itemsize):
+                    checksums.add(name, read_run(source, a, b))
+                    bar.update((b - a) * source.dtype.itemsize)
+            return checksums.result(), total
+    finally:
+        checksums.close()
 
 
 def _check_sparse(p: Path | str, name: str, source: Source, record: ConversionRecord) -> None:

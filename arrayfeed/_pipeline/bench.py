@@ -8,6 +8,7 @@ once, in order), and turns the figures into advice: which ``shuffle`` mode to us
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ def _ceiling(sources: dict[str, Source], block_rows: int, n: int, seconds: float
 
 
 def bench(
-    arrays: Mapping[str, Any],
+    arrays: Mapping[str, Any] | str | os.PathLike[str] | list[str],
     *,
     batch_size: int = 256,
     seconds: float = 3.0,
@@ -99,6 +100,10 @@ def bench(
     storage_options: Mapping[str, Any] | None = None,
 ) -> BenchReport:
     """Time ``from_arrays`` over ``arrays`` (name -> array-like or path) for each shuffle mode.
+
+    ``arrays`` may also be one path or a list of them, read as ``arrayfeed bench`` reads its
+    arguments (:func:`arrays_at`): ``"store.zarr:x"`` measures that array alone, a whole HDF5
+    file or Zarr group every array in it.
 
     Each mode reads for at most ``seconds`` (after its first batch). Paths may be URLs, opened
     with ``storage_options`` (see :func:`arrayfeed.open_array`). Returns a
@@ -110,6 +115,9 @@ def bench(
     >>> report.rows, sorted(report.modes)
     (5000, ['full'])
     """
+    if not isinstance(arrays, Mapping):
+        specs = [arrays] if isinstance(arrays, (str, os.PathLike)) else arrays
+        arrays = arrays_at([os.fspath(s) for s in specs], storage_options=storage_options)
     sources = {
         name: as_source(value, name, storage_options=storage_options)
         for name, value in arrays.items()
@@ -187,7 +195,8 @@ def arrays_at(
 ) -> dict[str, Source]:
     """The arrays named on a command line: ``NAME=PATH[:KEY]``, ``PATH:KEY`` (named KEY), a
     ``.npy`` file (named after the file), or a whole HDF5 file / Zarr group (every array in it,
-    named by its path inside).
+    named by its path inside). A path that exists as written (a file named with a ``:``) is
+    taken whole.
 
     >>> import numpy as np, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
@@ -200,7 +209,7 @@ def arrays_at(
         name, sep, rest = spec.partition("=")
         if not sep:
             name, rest = "", spec
-        path, key = split_spec(rest)
+        path, key = (rest, None) if os.path.lexists(rest) else split_spec(rest)  # as open_array
         keys = array_keys(path, storage_options) if key is None else None
         if keys is None:
             found = {
