@@ -9,7 +9,7 @@ state a lock guarded is left as it was: every user of these locks keeps it consi
 statements (a list pop, a counter, a reference), which a fork cannot split.
 
 ``multiprocessing``'s own locks and ``h5py``'s are not covered; sources reopen their files in a
-child (see :mod:`arrayfeed._storage.hdf5`), and ``map_processes`` workers handle their own fork
+child (HDF5 sources check the process id), and ``map_processes`` workers handle their own fork
 (:mod:`arrayfeed._pipeline.procmap`).
 """
 
@@ -22,9 +22,7 @@ from typing import Any
 
 __all__ = ["renew_after_fork"]
 
-# id(owner) -> (a weak reference to it, the names of its lock attributes). Keyed by id, not by the
-# owner, so that owners need not be hashable (dataclasses with eq are not); an entry goes with its
-# owner.
+#: id(owner) -> (a weak reference to it, its lock attributes); by id, as owners need not hash.
 _OWNERS: dict[int, tuple[weakref.ref[Any], tuple[str, ...]]] = {}
 _RLOCK = type(threading.RLock())
 

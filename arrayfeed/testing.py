@@ -121,8 +121,7 @@ def assert_same_rows(actual: np.ndarray, expected: np.ndarray, what: str = "rows
     e_bytes = e.reshape(-1).view(np.uint8).reshape(len(e), -1)
     differ = np.flatnonzero((a_bytes != e_bytes).any(axis=1))
     if len(differ):
-        # The first differing element of the first differing row, with its bytes (NaNs differ
-        # in their bits only, and repr shows them alike).
+        # With its bytes: NaNs differ in their bits only, which repr does not show.
         row = int(differ[0])
         k = int(np.flatnonzero(a_bytes[row] != e_bytes[row])[0]) // a.itemsize
         where = tuple(int(i) for i in np.unravel_index(k, a.shape[1:])) if a.ndim > 1 else ()
@@ -470,8 +469,8 @@ class SourceTests:
     def test_a_block_shuffled_epoch_through_the_window_cache(
         self, open_source: OpenSource, shard: Shard
     ) -> None:
-        # This is how shuffle="block" reads a source: whole chunk-aligned blocks, a window of
-        # them at a time, then batches gathered from the window.
+        """As shuffle="block" reads a source: whole chunk-aligned blocks, a window of them at a
+        time, then batches gathered from the window."""
         data = self.data()
         source = open_source(data)
         block_rows = chunked_rows(source) or 16

@@ -217,8 +217,8 @@ def fsync_tree(path: Path, *, threads: int = 32) -> None:
     """Flush ``path`` (a file, or a directory with everything in it) to stable storage.
 
     The files of a directory are flushed from ``threads`` threads at once: file systems commit
-    concurrent flushes together, which makes a store of many chunk files several times faster to
-    flush than one file after another.
+    concurrent flushes together, so a store of many chunk files is not flushed one file after
+    another (docs/performance.md, 'Flushing a converted store').
     """
     paths = [path]
     if path.is_dir():

@@ -6,8 +6,8 @@ atomic: everything is written inside a hidden workspace beside the output (see :
 flushed, read back and checked against the shapes, dtypes and CRC-32 checksums of what was read
 from the inputs (:mod:`.verify`), and only then renamed onto the output path.
 
-Every converted store carries a :class:`~arrayfeed.ConversionRecord` (see
-:mod:`arrayfeed._storage.record`), read back by :func:`arrayfeed.written_by_arrayfeed`. Zarr
+Every converted store carries a :class:`~arrayfeed.ConversionRecord`, read back by
+:func:`arrayfeed.written_by_arrayfeed`. Zarr
 stores are written *complete* (every chunk stored, even one equal to the fill value), so a
 missing chunk in a store that carries the record is corruption.
 """
@@ -195,10 +195,31 @@ def convert(
         densify=densify,
     )
     names = _check_names(inputs)
-    distribute: DaskCopy | None = None
     if scheduler is not None:  # refused before anything is written
         check_dask_conversion(options.format, shuffle=options.shuffle)
     remote = None if url is None else RemotePath(url, storage_options or {})
+    workspace = _workspace(options, remote)
+    distribute: DaskCopy | None = None
+    parts: dict[str, Parts] = {}
+    succeeded = False
+    try:
+        if scheduler is not None:
+            distribute = DaskCopy(scheduler)  # connects: closed below if made here
+        parts = _open_inputs(inputs, names, storage_options, distribute, options.densify)
+        copy = _copy(options, parts, workspace, remote, distribute)
+        record = _run(options, copy) if remote is None else write_to_url(remote, copy)
+        succeeded = True
+        return record
+    finally:
+        for p in parts.values():
+            p.close()
+        workspace.remove(settle=0.0 if succeeded else 0.05)
+        if distribute is not None:
+            distribute.close()
+
+
+def _workspace(options: _Options, remote: RemotePath | None) -> Workspace:
+    """Where the store is built before it is published, made once the destination is checked."""
     if remote is not None:
         check_url_destination(remote, options.format, options.overwrite)
         workspace = staging_workspace(remote)
@@ -213,46 +234,60 @@ def convert(
             f"cannot write in '{workspace.path.parent}' ({exc.strerror or exc}); choose an "
             "`output` in a writable directory."
         ) from None
-    opened: list[Parts] = []
-    succeeded = False
+    return workspace
+
+
+def _open_inputs(
+    inputs: Mapping[str, Any],
+    names: Sequence[str],
+    storage_options: Mapping[str, Any] | None,
+    distribute: DaskCopy | None,
+    densify: bool,
+) -> dict[str, Parts]:
+    """Every input opened (headers only) and checked against the others and (``distribute``)
+    against what a conversion on Dask can copy; those opened are closed again when one fails."""
+    parts: dict[str, Parts] = {}
     try:
-        if scheduler is not None:
-            distribute = DaskCopy(scheduler)  # connects: closed below if made here
-        parts: dict[str, Parts] = {}
         for name in names:
             parts[name] = open_input(name, inputs[name], storage_options)
-            opened.append(parts[name])
             if distribute is not None:
-                _check_sparse_on_dask(parts[name], options.densify)
+                _check_sparse_on_dask(parts[name], densify)
         _check_lengths(parts)
-        total = next(iter(parts.values())).n_rows * sum(p.row_bytes for p in parts.values())
+    except BaseException:
+        for opened in parts.values():
+            opened.close()
+        raise
+    return parts
 
-        def writing() -> contextlib.AbstractContextManager[None]:
-            if remote is not None:
-                return url_writing(remote)
-            return _writing(options.output, total)
 
-        copy = Copy(
-            options.format,
-            parts,
-            workspace,
-            chunk_rows=options.chunk_rows,
-            compression=options.compression,
-            seed=Copy.draw_seed(options.seed) if options.shuffle else None,
-            progress=options.progress,
-            writing=writing,
-            distribute=distribute,
-            densify=options.densify,
-        )
-        record = _run(options, copy) if remote is None else write_to_url(remote, copy)
-        succeeded = True
-        return record
-    finally:
-        for p in opened:
-            p.close()
-        workspace.remove(settle=0.0 if succeeded else 0.05)
-        if distribute is not None:
-            distribute.close()
+def _copy(
+    options: _Options,
+    parts: dict[str, Parts],
+    workspace: Workspace,
+    remote: RemotePath | None,
+    distribute: DaskCopy | None,
+) -> Copy:
+    """The copy of the open ``parts`` into ``workspace``, with its write errors named for the
+    output they were meant for."""
+    total = next(iter(parts.values())).n_rows * sum(p.row_bytes for p in parts.values())
+
+    def writing() -> contextlib.AbstractContextManager[None]:
+        if remote is not None:
+            return url_writing(remote)
+        return _writing(options.output, total)
+
+    return Copy(
+        options.format,
+        parts,
+        workspace,
+        chunk_rows=options.chunk_rows,
+        compression=options.compression,
+        seed=Copy.draw_seed(options.seed) if options.shuffle else None,
+        progress=options.progress,
+        writing=writing,
+        distribute=distribute,
+        densify=options.densify,
+    )
 
 
 def _run(options: _Options, copy: Copy) -> ConversionRecord:

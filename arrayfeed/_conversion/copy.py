@@ -54,8 +54,7 @@ from .progress import Progress
 
 __all__ = ["TEST_HOOK_ENV", "Checksums", "Copy", "write_rows"]
 
-#: **Test hook**, not for users: seconds to sleep after each slab, with slabs of one chunk, so
-#: that tests can interrupt a conversion in the middle of writing.
+#: **Test hook**, not for users: seconds to sleep after each one-chunk slab, for tests to interrupt.
 TEST_HOOK_ENV = "ARRAYFEED_TEST_HOOK_SLOW_WRITE"
 
 #: Most rows moved at a time, whatever their size (bounds the index arrays of a shuffle).

@@ -11,7 +11,8 @@ returns) or a path. A ``str`` is an *input spec*, the same syntax as on the comm
   ``part-0010`` sorts after ``part-0009``, ``part-10`` before ``part-9``), concatenated in order.
 
 A string that names an existing file as a whole is taken literally, so file names containing
-``:`` or ``*`` still work; an ``os.PathLike`` (e.g. ``pathlib.Path``) is always literal.
+``:`` or ``*`` still work; an ``os.PathLike`` (e.g. ``pathlib.Path``) is always literal
+(:func:`.specs.locate`, which ``inspect`` and ``verify`` share).
 
 A URL (``s3://bkt/train.zarr:x``, ``s3://bkt/parts/*.npy``, any fsspec protocol) reads from object
 storage, with the ``storage_options`` given to :func:`open_input`; globs are expanded by the

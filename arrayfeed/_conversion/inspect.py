@@ -1,6 +1,7 @@
 """``inspect``: how arrays are stored, whether that suits shuffled batch reads, and how to fix it.
 
-Reads metadata only (headers, chunk listings), never the data.
+Of every array of a file or store, or of the one a path names (``file.h5:key``). Reads metadata
+only (headers, chunk listings), never the data.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from .specs import locate, pick
 __all__ = ["InspectReport", "inspect"]
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+#: Compressions that store data as it is: HDF5's byte-shuffle filter alone compresses nothing.
+_UNCOMPRESSED = frozenset({"none", "shuffle"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +211,7 @@ def _fixes(
         words = ["arrayfeed", "convert"]
         words += [f"{_cli_name(a.name, stem)}={specs[a.name]}" for a in group]
         words += ["-o", str(output)]
-        if any(a.compression not in ("none", "shuffle") for a in group):
+        if any(a.compression not in _UNCOMPRESSED for a in group):
             words += ["--compression", "lzf"]
         commands.append(" ".join(shlex.quote(w) for w in words))
     return commands

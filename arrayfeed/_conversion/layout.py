@@ -10,16 +10,12 @@ the arrays, hold at most :data:`CHUNK_TARGET_BYTES` of the format: 256 KiB for H
 Zarr (so a chunk of rows holds between half the target and the target); at least one row, at
 most all rows. Powers of two keep chunks aligned with the usual batch sizes.
 
-Why (``benchmarks/bench_convert.py``: 3 KiB rows, LZF / Blosc-LZ4, 256-row reads, 2 busy cores,
-four runs). Reading 256-row windows at random offsets: for HDF5 the 256 KiB target beat 1 MiB in
-every run (0.74-1.3 M vs 0.56-0.88 M rows/s) and single random rows were 3x faster; for Zarr,
-256 KiB and 1 MiB tie on windows (70-116 k rows/s), while 64 KiB costs 2-5x, and Zarr stores
-one file per chunk, so 1 MiB chunks write 1.5-2x faster and make 4x fewer files. Chunks of 4 MiB
-and 16 MiB cost 2-9x on windows in both formats. Random rows gathered from any chunked store
-stay 10-100x slower than windows whatever the chunk size, so the layout serves reading runs of
-rows. Uncompressed HDF5 without an explicit ``chunk_rows`` is written contiguous instead: HDF5
-needs chunks only to compress, and h5py gathers random rows of a contiguous dataset over ten
-times faster than of a chunked one (40-60 k vs 2-4 k rows/s).
+Why these targets: smaller chunks pay a per-chunk cost on every read, larger ones make a batch
+decode far more than it uses, and a converted layout serves reads of runs of rows (random rows
+stay slow from any chunked store). Uncompressed HDF5 without an explicit ``chunk_rows`` is
+written contiguous instead: HDF5 needs chunks only to compress, and h5py gathers random rows of a
+contiguous dataset much faster than of a chunked one (docs/performance.md, 'Chunk sizes of
+converted stores').
 
 **Verdict.** Contiguous arrays (``.npy``, contiguous HDF5) suit shuffled reads. Chunked arrays
 suit them when chunks hold whole rows, when a chunk of rows (summed over the arrays of the same
@@ -57,7 +53,7 @@ CHUNK_TARGET_BYTES: Mapping[str, int] = MappingProxyType({"hdf5": 256 << 10, "za
 SLAB_BYTES = 64 << 20
 #: Below this, per-chunk overhead dominates a batch read.
 TINY_CHUNK_BYTES = 64 << 10
-#: Above this, a batch read decodes far more than it uses (4 MiB chunks already cost 2-3x).
+#: Above this, a batch read decodes far more than it uses (see the module docstring).
 HUGE_CHUNK_BYTES = 8 << 20
 #: Compressions ``convert`` writes (see ``arrayfeed.convert`` for the Zarr codecs they map to).
 COMPRESSIONS = ("none", "lzf", "gzip")
@@ -149,108 +145,119 @@ def assess(arrays: Sequence[ArrayLayout]) -> tuple[list[str], list[str]]:
     """
     problems: list[str] = []
     notes: list[str] = []
-    by_length: dict[int, list[ArrayLayout]] = {}
-    whole: list[ArrayLayout] = []
-    gzipped: list[ArrayLayout] = []
-    categoricals: list[ArrayLayout] = []
-    tables: list[ArrayLayout] = []
+    dense: list[ArrayLayout] = []  # arrays of rows: neither 0-d, unreadable nor sparse
     matrices: dict[int, list[ArrayLayout]] = {}  # CSR matrices, by rows
     for a in arrays:
         if not a.shape:
             notes.append(
                 f"{_label(a)} is 0-d (a scalar); it has no rows to read and is left aside."
             )
-            continue
-        if a.unreadable is not None:
+        elif a.unreadable is not None:
             problems.append(f"{_label(a)} cannot be read here: {a.unreadable}")
-            continue
-        if a.encoding in ("csr_matrix", "csc_matrix"):
+        elif a.encoding in ("csr_matrix", "csc_matrix"):
             _assess_sparse(a, problems, notes)  # its chunks hold nonzeros, not rows
             if a.encoding == "csr_matrix":
                 matrices.setdefault(a.shape[0], []).append(a)
-            continue
-        if a.dtype.fields is not None:
-            tables.append(a)
-        if a.encoding == "categorical":
-            categoricals.append(a)
+        else:
+            dense.append(a)
+            _assess_chunks(a, problems, notes)
+    by_length: dict[int, list[ArrayLayout]] = {}
+    for a in dense:
         by_length.setdefault(a.shape[0], []).append(a)
-        if a.loads_whole:
-            whole.append(a)
-        if a.chunks is None:
-            continue
-        if a.chunk_rows is None:
-            pieces = math.prod(
-                -(-s // c) for c, s in zip(a.chunks[1:], a.shape[1:], strict=True) if c > 0
-            )
-            problems.append(
-                f"{_label(a)}: chunks {a.chunks} split each row into {pieces} pieces; a batch "
-                f"read decodes {pieces} chunks per row."
-            )
-        chunk_bytes = a.chunk_bytes or 0
-        if chunk_bytes > HUGE_CHUNK_BYTES:
-            problems.append(
-                f"{_label(a)}: chunks of {format_bytes(chunk_bytes)} are huge; a batch read "
-                f"decodes whole chunks and uses a sliver of each (aim for about "
-                "256 KiB to 1 MiB)."
-            )
-        if a.missing_chunks:
-            if a.strict:
-                problems.append(
-                    f"{_label(a)}: {a.missing_chunks} chunks are missing from a store arrayfeed "
-                    "wrote complete; the store is corrupt, convert it again from the original data."
-                )
-            else:
-                notes.append(
-                    f"{_label(a)}: {a.missing_chunks} chunks are not stored and read as the "
-                    "fill value."
-                )
-        if "gzip" in a.compression:
-            gzipped.append(a)
     for n_rows, group in sorted(by_length.items()):
-        chunked = [a for a in group if a.chunk_rows is not None]
-        rows = sorted({a.chunk_rows for a in chunked if a.chunk_rows is not None})
-        if len(rows) > 1:
-            listing = ", ".join(f"{_label(a)}: {a.chunk_rows}" for a in chunked)
-            problems.append(
-                f"the arrays of {n_rows} rows are chunked in different row blocks ({listing}), so "
-                "a batch read decodes a whole chunk of each, mostly unused in the larger ones."
-            )
-        for r in rows:
-            same = [a for a in chunked if a.chunk_rows == r]
-            total = sum(a.chunk_bytes or 0 for a in same) + sum(
-                _csr_bytes(m, r) for m in matrices.get(n_rows, [])
-            )
-            if total < TINY_CHUNK_BYTES and r < n_rows:
-                names = ", ".join(_label(a) for a in same)
-                problems.append(
-                    f"{names}: chunks of {r} rows hold {format_bytes(total)} (all arrays "
-                    f"together), below {format_bytes(TINY_CHUNK_BYTES)}; per-chunk overhead "
-                    "dominates batch reads."
-                )
+        problems.extend(_row_block_problems(n_rows, group, matrices.get(n_rows, [])))
+    whole = [a for a in dense if a.loads_whole]
     if whole:
         problems.append(
             f"{_labels(whole)}: .npz members cannot be memory-mapped, so every process reads them "
             f"whole into memory ({format_bytes(sum(a.nbytes for a in whole))})."
         )
+    notes.extend(_encoding_notes(dense))
+    return problems, notes
+
+
+def _assess_chunks(a: ArrayLayout, problems: list[str], notes: list[str]) -> None:
+    """What the chunks of one array of rows mean for batch reads (nothing when contiguous)."""
+    if a.chunks is None:
+        return
+    if a.chunk_rows is None:
+        pieces = math.prod(
+            -(-s // c) for c, s in zip(a.chunks[1:], a.shape[1:], strict=True) if c > 0
+        )
+        problems.append(
+            f"{_label(a)}: chunks {a.chunks} split each row into {pieces} pieces; a batch "
+            f"read decodes {pieces} chunks per row."
+        )
+    chunk_bytes = a.chunk_bytes or 0
+    if chunk_bytes > HUGE_CHUNK_BYTES:
+        problems.append(
+            f"{_label(a)}: chunks of {format_bytes(chunk_bytes)} are huge; a batch read "
+            f"decodes whole chunks and uses a sliver of each (aim for about "
+            "256 KiB to 1 MiB)."
+        )
+    if a.missing_chunks and a.strict:
+        problems.append(
+            f"{_label(a)}: {a.missing_chunks} chunks are missing from a store arrayfeed "
+            "wrote complete; the store is corrupt, convert it again from the original data."
+        )
+    elif a.missing_chunks:
+        notes.append(
+            f"{_label(a)}: {a.missing_chunks} chunks are not stored and read as the fill value."
+        )
+
+
+def _row_block_problems(
+    n_rows: int, group: Sequence[ArrayLayout], matrices: Sequence[ArrayLayout]
+) -> list[str]:
+    """What the chunks of the arrays of ``n_rows`` rows (``group``, and the CSR ``matrices`` of
+    as many rows, read beside them) mean together: a batch read decodes a chunk of each."""
+    problems = []
+    chunked = [a for a in group if a.chunk_rows is not None]
+    rows = sorted({a.chunk_rows for a in chunked if a.chunk_rows is not None})
+    if len(rows) > 1:
+        listing = ", ".join(f"{_label(a)}: {a.chunk_rows}" for a in chunked)
+        problems.append(
+            f"the arrays of {n_rows} rows are chunked in different row blocks ({listing}), so "
+            "a batch read decodes a whole chunk of each, mostly unused in the larger ones."
+        )
+    for r in rows:
+        same = [a for a in chunked if a.chunk_rows == r]
+        total = sum(a.chunk_bytes or 0 for a in same) + sum(_csr_bytes(m, r) for m in matrices)
+        if total < TINY_CHUNK_BYTES and r < n_rows:
+            together = " (all arrays together)" if len(same) + len(matrices) > 1 else ""
+            problems.append(
+                f"{_labels(same)}: chunks of {r} rows hold {format_bytes(total)}{together}, "
+                f"below {format_bytes(TINY_CHUNK_BYTES)}; per-chunk overhead dominates batch "
+                "reads."
+            )
+    return problems
+
+
+def _encoding_notes(dense: Sequence[ArrayLayout]) -> list[str]:
+    """Harmless remarks on how arrays of rows are encoded: categoricals, tables, gzip."""
+    notes = []
+    categoricals = [a for a in dense if a.encoding == "categorical"]
     if categoricals:
         notes.append(
             f"{_labels(categoricals)}: categorical (integer codes of labels); arrayfeed reads "
             "the codes (-1: missing), with the labels as `open_array(...).categories`. "
             "`convert` copies the codes only."
         )
-    for a in tables:
-        fields = ", ".join(a.dtype.names or ())
-        notes.append(
-            f"{_label(a)} is a table (compound dtype; fields {fields}); each field is read as "
-            f"its own array: 'FILE:{a.name}#FIELD' as a path, or `open_array(FILE, "
-            f"{a.name!r}, field=FIELD)`."
-        )
+    for a in dense:
+        if a.dtype.fields is not None:
+            fields = ", ".join(a.dtype.names or ())
+            notes.append(
+                f"{_label(a)} is a table (compound dtype; fields {fields}); each field is read "
+                f"as its own array: 'FILE:{a.name}#FIELD' as a path, or `open_array(FILE, "
+                f"{a.name!r}, field=FIELD)`."
+            )
+    gzipped = [a for a in dense if a.chunks is not None and "gzip" in a.compression]
     if gzipped:
         notes.append(
             f"{_labels(gzipped)}: gzip decodes several times slower than lzf, LZ4 or Zstd; fine "
             "when reads are bound by the disk rather than the CPU."
         )
-    return problems, notes
+    return notes
 
 
 def _csr_bytes(a: ArrayLayout, rows: int) -> int:

@@ -40,8 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DaskCopy", "check_dask_conversion", "client_for"]
 
-#: Slabs per task. One: a slab is already up to 64 MiB of rows (much work per task), and more
-#: tasks balance the workers better (a 400 MB conversion is only 6 slabs).
+#: Slabs per task: a slab is already much work, and more tasks balance the workers better.
 _SLABS_PER_TASK = 1
 
 
@@ -110,8 +109,7 @@ class DaskCopy:
         with copy.writing():
             writer = create_writer(copy.fmt, target, arrays, copy.chunk_rows, copy.compression)
             writer.close()  # created, marked incomplete: the workers fill it
-        # Sent to every worker once. In a list: a dict's keys would become the data's keys on
-        # the cluster, shared by every conversion naming an array "x".
+        # In a list: scattered as a dict, its keys would name cluster data every conversion shares.
         [parts] = self.client.scatter([copy.parts], broadcast=True, hash=False)
         futures = self.client.map(
             _write_task, self._tasks(copy), parts=parts, target=target, pure=False

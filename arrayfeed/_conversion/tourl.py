@@ -1,8 +1,8 @@
 """``convert`` to object storage (``-o s3://bucket/train.zarr``), where nothing can be renamed.
 
 A local conversion is built in a hidden workspace and renamed into place (:mod:`.atomic`). An
-object store has no rename, so the guarantee comes from the order of writes instead (see
-``arrayfeed._storage.zarrwrite``): the store's root group is written first with a record that
+object store has no rename, so the guarantee comes from the order of writes instead (the
+storage layer's Zarr writer and ``mark_complete``): the store's root group is written first with a record that
 says ``complete: false``, which readers refuse; then the arrays and every chunk; then the copy
 is read back and verified; and only then the record with ``complete: true``, the last object
 written. An interrupted conversion therefore never looks complete, and running it again

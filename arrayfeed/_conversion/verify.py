@@ -6,9 +6,10 @@ and for the CRC-32 of its rows against the checksum taken from the inputs while 
 stored record must equal the one written.
 
 :func:`verify` (``arrayfeed verify PATH``) re-reads a store that ``convert`` wrote, at any later
-time, and checks every array against the record: the CRC-32 of all its rows, and on the way every
-chunk's own checksum (HDF5 fletcher32, Zarr crc32c). It is the only check of data stored
-contiguous (uncompressed HDF5), which has no per-chunk checksum.
+time, and checks every array (or the one ``PATH`` names, ``store.zarr:x``) against the record:
+the CRC-32 of all its rows, and on the way every chunk's own checksum (HDF5 fletcher32, Zarr
+crc32c). It is the only check of data stored contiguous (uncompressed HDF5), which has no
+per-chunk checksum.
 """
 
 from __future__ import annotations
