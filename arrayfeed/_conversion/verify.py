@@ -115,23 +115,12 @@ def verify(
     'x'
     """
     p, key = locate(path)
-    record = written_by_arrayfeed(p, storage_options=storage_options)
-    if record is None:
-        raise SourceNotFoundError(
-            f"'{p}' was not written by `arrayfeed convert` (it has no conversion record), so "
-            "there is nothing to verify it against; convert it to get checksums."
-        )
+    record = _record_of(p, storage_options)
     chosen = _Chosen.of(record, key, p)
     sources = _open_checked(p, chosen, record, storage_options)
     started = time.perf_counter()
     found, nbytes = _read_back(sources, chosen, record, progress)
-    for name in chosen.lengths:
-        if found[name] != record.checksums[name]:
-            raise CorruptDataError(
-                f"`{name}` in '{p}' reads back with CRC-32 {found[name]:08x}, but it was written "
-                f"with {record.checksums[name]:08x}: the store is corrupted (or was changed by "
-                "another program). Restore it from a backup or convert it again."
-            )
+    _compare(p, found, record)
     return VerifyReport(
         path=p,
         key=None if key is None else chosen.reported[0],
@@ -140,6 +129,28 @@ def verify(
         nbytes=nbytes,
         seconds=time.perf_counter() - started,
     )
+
+
+def _record_of(p: Path | str, storage_options: Mapping[str, Any] | None) -> ConversionRecord:
+    """The record ``convert`` stored with ``p``, which :func:`verify` checks against."""
+    record = written_by_arrayfeed(p, storage_options=storage_options)
+    if record is None:
+        raise SourceNotFoundError(
+            f"'{p}' was not written by `arrayfeed convert` (it has no conversion record), so "
+            "there is nothing to verify it against; convert it to get checksums."
+        )
+    return record
+
+
+def _compare(p: Path | str, found: Mapping[str, int], record: ConversionRecord) -> None:
+    """Raise unless every CRC-32 ``found`` (by array) is the one ``record`` holds."""
+    for name, crc in found.items():
+        if crc != record.checksums[name]:
+            raise CorruptDataError(
+                f"`{name}` in '{p}' reads back with CRC-32 {crc:08x}, but it was written "
+                f"with {record.checksums[name]:08x}: the store is corrupted (or was changed by "
+                "another program). Restore it from a backup or convert it again."
+            )
 
 
 @dataclass(frozen=True)
@@ -179,7 +190,10 @@ class _Chosen:
 
 
 def _open_checked(
-    p: Path | str, chosen: _Chosen, record: ConversionRecord, storage_options: Any
+    p: Path | str,
+    chosen: _Chosen,
+    record: ConversionRecord,
+    storage_options: Mapping[str, Any] | None,
 ) -> dict[str, Source]:
     """The arrays ``chosen`` names, opened, each of the length and every sparse matrix of the
     shape the record gives (the store was changed after it was written otherwise)."""
