@@ -1,5 +1,5 @@
-"""benchmarks/plot_figures.py draws the performance figures from benchmark results: on a small
-results tree here, and on the committed results, whose figures are the committed PNGs."""
+"""benchmarks/plot_figures.py draws the performance page's figures from benchmark results: on a
+small results tree here, and on the committed results, whose figures are the committed PNGs."""
 
 from __future__ import annotations
 
@@ -220,3 +220,6 @@ def test_the_committed_figures_are_drawn_from_the_committed_results(
     assert names == sorted(p.name for p in FIGURES.glob("*.png")), (
         "run `python benchmarks/plot_figures.py` and commit docs/figures/"
     )
+    page = (REPO_ROOT / "docs" / "performance.md").read_text()
+    for name in names:
+        assert f"figures/{name}" in page, f"docs/performance.md does not show {name}"
