@@ -34,7 +34,7 @@ from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan, block_layout
 from arrayfeed._pipeline.structure import flatten
 from arrayfeed._storage import Source, chunked_rows, row_bytes
-from arrayfeed._storage.hdf5 import H5Source, open_hdf5
+from arrayfeed._storage.hdf5.source import H5Source, open_hdf5
 
 BATCH = 256
 ROW = (64, 64, 3)

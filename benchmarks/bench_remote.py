@@ -255,7 +255,7 @@ def scenario(
     import zarr
 
     import arrayfeed as af
-    from arrayfeed._storage import remote
+    from arrayfeed._storage.remote import fetcher as remote
 
     s3fs.S3FileSystem.clear_instance_cache()  # the endpoint changed: new clients
     n = args.rows

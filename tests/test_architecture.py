@@ -173,5 +173,5 @@ def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The checks above parse imports correctly: relative imports resolve to real modules."""
     deps = {dep for t, n, _ in _imports("arrayfeed._pipeline.build") for dep in _resolve(t, n)}
     assert {"arrayfeed._storage", "arrayfeed._pipeline.plan", "arrayfeed._errors"} <= deps
-    deps = {t for t, _, _ in _imports("arrayfeed._storage.hdf5")}
+    deps = {t for t, _, _ in _imports("arrayfeed._storage.hdf5.source")}
     assert "h5py" in deps

@@ -10,7 +10,7 @@ import pytest
 
 import arrayfeed as af
 from arrayfeed._pipeline.bench import BenchReport, _advise, arrays_at
-from arrayfeed._storage.memory import ArraySource
+from arrayfeed._storage.npy.memory import ArraySource
 
 
 def test_bench_measures_every_mode(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._storage import chunkboxes
-from arrayfeed._storage.chunkboxes import ChunkBoxes
+from arrayfeed._storage.hdf5 import chunkboxes
+from arrayfeed._storage.hdf5.chunkboxes import ChunkBoxes
 
 
 @st.composite

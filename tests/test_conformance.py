@@ -30,10 +30,10 @@ from arrayfeed._pipeline.blocks import WindowCache
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.resident import Resident
 from arrayfeed._storage import GatherInto, Source, as_source, open_for_copy, row_nbytes
-from arrayfeed._storage.hdf5 import H5ContiguousSource, H5Source
-from arrayfeed._storage.memory import ArraySource
-from arrayfeed._storage.npy import NpySource, NpzMemberSource
-from arrayfeed._storage.zarr import ZarrSource
+from arrayfeed._storage.hdf5.source import H5ContiguousSource, H5Source
+from arrayfeed._storage.npy.files import NpySource, NpzMemberSource
+from arrayfeed._storage.npy.memory import ArraySource
+from arrayfeed._storage.zarr.source import ZarrSource
 from arrayfeed.testing import SourceTests, assert_same_rows
 
 

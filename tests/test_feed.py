@@ -15,7 +15,7 @@ from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
 from arrayfeed._storage import as_source
-from arrayfeed._storage.memory import ArraySource
+from arrayfeed._storage.npy.memory import ArraySource
 
 
 def _feed(n: int = 50, batch: int = 8, drop: bool = False, **kwargs: object) -> Feed:

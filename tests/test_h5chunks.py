@@ -26,11 +26,14 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import Plan
 from arrayfeed._pipeline.structure import flatten
-from arrayfeed._storage import as_source, h5chunks, h5codecs, h5compressors, workbuffers
-from arrayfeed._storage.chunkboxes import ChunkBoxes
-from arrayfeed._storage.h5chunks import ChunkFile
-from arrayfeed._storage.h5codecs import ChunkDecoder, Stage, StageError, fletcher32, pipeline
-from arrayfeed._storage.hdf5 import H5Source, open_hdf5
+from arrayfeed._storage import as_source, workbuffers
+from arrayfeed._storage.hdf5 import chunks as h5chunks
+from arrayfeed._storage.hdf5 import codecs as h5codecs
+from arrayfeed._storage.hdf5 import compressors as h5compressors
+from arrayfeed._storage.hdf5.chunkboxes import ChunkBoxes
+from arrayfeed._storage.hdf5.chunks import ChunkFile
+from arrayfeed._storage.hdf5.codecs import ChunkDecoder, Stage, StageError, fletcher32, pipeline
+from arrayfeed._storage.hdf5.source import H5Source, open_hdf5
 
 from ._feeds import piece_runs
 

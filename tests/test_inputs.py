@@ -12,8 +12,8 @@ import zarr
 from arrayfeed._conversion.inputs import Parts, open_input
 from arrayfeed._errors import ConfigError, DtypeError, ShapeError, SourceNotFoundError
 from arrayfeed._storage import split_spec
-from arrayfeed._storage.memory import ArraySource
-from arrayfeed._storage.npy import NpzMemberSource
+from arrayfeed._storage.npy.files import NpzMemberSource
+from arrayfeed._storage.npy.memory import ArraySource
 
 
 @pytest.mark.parametrize(

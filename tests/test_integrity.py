@@ -17,11 +17,13 @@ import zarr
 import arrayfeed as af
 from arrayfeed._storage import Verifiable, verify_sources
 from arrayfeed._storage.fingerprint import Fingerprint, memmap_fingerprint
-from arrayfeed._storage.hdf5 import H5Source, h5_fingerprint
-from arrayfeed._storage.hdf5 import check_filters as check_h5_filters
-from arrayfeed._storage.memory import ArraySource
-from arrayfeed._storage.npy import NpySource
-from arrayfeed._storage.zarr import StrictStore, ZarrSource, zarr_marked_complete
+from arrayfeed._storage.hdf5.files import check_filters as check_h5_filters
+from arrayfeed._storage.hdf5.files import h5_fingerprint
+from arrayfeed._storage.hdf5.source import H5Source
+from arrayfeed._storage.npy.files import NpySource
+from arrayfeed._storage.npy.memory import ArraySource
+from arrayfeed._storage.zarr.source import ZarrSource
+from arrayfeed._storage.zarr.strict import StrictStore, zarr_marked_complete
 
 
 def test_fingerprint_changes(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from arrayfeed._pipeline.read import ALIGNMENT, aligned_empty, read_rows
-from arrayfeed._storage.memory import ArraySource
+from arrayfeed._storage.npy.memory import ArraySource
 
 
 class SortedOnly:

@@ -40,7 +40,7 @@ import s3fs
 import arrayfeed as af
 from arrayfeed._cli import main
 from arrayfeed._storage import Source
-from arrayfeed._storage import remote as remote_module
+from arrayfeed._storage.remote import fetcher as remote_module
 from arrayfeed.testing import SourceTests
 
 ROWS = 1500

@@ -240,7 +240,7 @@ def test_a_zarr_label_leaf_is_read_once_through_its_checksums(
     import zarr
     from zarr.codecs import Crc32cCodec
 
-    from arrayfeed._storage.zarrchunks import ChunkReader
+    from arrayfeed._storage.zarr.chunks import ChunkReader
 
     root = zarr.open_group(tmp_path / "d.zarr", mode="w")
     x = np.repeat(np.arange(N, dtype=np.float32), 64).reshape(N, 8, 8)

@@ -12,7 +12,7 @@ import arrayfeed as af
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.plan import check_position
 from arrayfeed._pipeline.resume import feeds_of
-from arrayfeed._storage.memory import ArraySource
+from arrayfeed._storage.npy.memory import ArraySource
 
 N = 103  # prime: batches and shards never divide evenly
 EPOCHS = 4

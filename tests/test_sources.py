@@ -15,10 +15,10 @@ import arrayfeed as af
 from arrayfeed._dtypes import check_feedable
 from arrayfeed._pipeline.read import read_rows
 from arrayfeed._storage import GatherInto, Source, as_source
-from arrayfeed._storage.hdf5 import H5ContiguousSource, H5Source
-from arrayfeed._storage.memory import ArraySource
-from arrayfeed._storage.npy import NpySource
-from arrayfeed._storage.zarr import ZarrSource
+from arrayfeed._storage.hdf5.source import H5ContiguousSource, H5Source
+from arrayfeed._storage.npy.files import NpySource
+from arrayfeed._storage.npy.memory import ArraySource
+from arrayfeed._storage.zarr.source import ZarrSource
 
 DTYPES = ["uint8", "int64", "float16", "float64", "bool", "complex64"]
 

@@ -20,12 +20,8 @@ import zarr
 import arrayfeed as af
 from arrayfeed._cli import main
 from arrayfeed._storage import GatherInto, Source, SparseRows, chunked_rows, open_for_copy
-from arrayfeed._storage.sparse import (
-    GATHER_CHUNK_BYTES,
-    plan_spans,
-    ragged_arange,
-    repeats,
-)
+from arrayfeed._storage.sparse.csr import GATHER_CHUNK_BYTES
+from arrayfeed._storage.sparse.rows import plan_spans, ragged_arange, repeats
 from arrayfeed.testing import SourceTests, assert_same_rows
 from tests._anndata import random_csr, write_anndata_zarr, write_h5ad
 

@@ -24,9 +24,10 @@ from zarr.codecs import (
 )
 
 import arrayfeed as af
-from arrayfeed._storage import workbuffers, zarrcodecs
-from arrayfeed._storage.zarr import ZarrSource
-from arrayfeed._storage.zarrchunks import ChunkReader
+from arrayfeed._storage import workbuffers
+from arrayfeed._storage.zarr import codecs as zarrcodecs
+from arrayfeed._storage.zarr.chunks import ChunkReader
+from arrayfeed._storage.zarr.source import ZarrSource
 
 from ._feeds import piece_runs
 

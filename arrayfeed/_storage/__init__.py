@@ -1,26 +1,27 @@
 """The storage layer: every file format arrayfeed reads or writes, behind one set of functions.
 
-- :mod:`.base`: the capability protocols (``Source``, ``GatherInto``, ``ReadRangeInto``,
-  ``RunReader``, ``Chunked``, ``Encoded``, ``Verifiable``, ``Closeable``, ``SparseRows``, ``Categorical``,
-  ``Writer``) and layout facts;
-- one module per format, holding its sources, writer, integrity checks and layout facts:
-  :mod:`.npy` (``.npy``/``.npz``), :mod:`.hdf5`, :mod:`.zarr` (with :mod:`.zarrchunks`);
-  :mod:`.memory` for in-memory arrays and memory maps; :mod:`.sparse` for CSR matrices (read by
-  rows through ``indptr``) and :mod:`.anndata` for AnnData's encoded elements (sparse groups,
-  categoricals) in HDF5 and Zarr; :mod:`.cf` for netCDF/CF decoding, :mod:`.lazy` for dask
-  arrays and xarray DataArrays, :mod:`.h5describe` for HDF5 layout facts;
-- :mod:`.open`: paths and objects in, sources and facts out; :mod:`.openurl` the same for URLs
-  (``s3://`` …) through fsspec (:mod:`.remote`: URLs, errors, concurrent fetching), and
-  :mod:`.zarrwrite` the Zarr writer, on disk or on object storage;
-- :mod:`.record`: the record (and completeness marker) stored with converted data;
-  :mod:`.fingerprint`: files changed under a source.
+One subpackage per format family, each registering one backend (:mod:`.registry`):
+
+- :mod:`.npy`: ``.npy``/``.npz`` files, arrays in memory and memory maps;
+- :mod:`.hdf5`: HDF5 files (``.h5``, ``.h5ad``, netCDF4 …) through h5py, with raw chunks decoded
+  outside h5py's lock, and the HDF5 writer of ``convert``;
+- :mod:`.zarr`: Zarr stores (v3 and v2), read chunk by chunk, and the Zarr writer of ``convert``;
+- :mod:`.sparse`: CSR matrices read by rows (``scipy.sparse``, AnnData's encoded elements);
+- :mod:`.lazy`: dask arrays and xarray DataArrays, read batch by batch.
+
+Beside them, what they share: :mod:`.remote` (object storage through fsspec: URLs, named errors,
+concurrent fetches; not a format), :mod:`.base` (the ``Source`` protocol and its optional
+capabilities), :mod:`.layout` (layout facts, the ``Writer`` protocol), :mod:`.record` (the record
+stored with converted data), :mod:`.fingerprint` (files changed under a source),
+:mod:`.workbuffers` and :mod:`.frames` (reused buffers and Blosc headers of the chunk readers),
+:mod:`.registry` (the backends), :mod:`.specs` (``path:key`` specs) and :mod:`.open` (the entry
+points: loops over the registry).
 
 Code outside this package imports only what this module exports, and never names a concrete
 source class: ``h5py`` and ``zarr`` are imported nowhere else.
 """
 
 from .base import (
-    ArrayLayout,
     Categorical,
     Chunked,
     Closeable,
@@ -31,18 +32,15 @@ from .base import (
     ReadRangeInto,
     RunReader,
     Source,
-    SparseLayout,
     SparseRows,
-    StoredArrays,
-    StoreInfo,
     Verifiable,
-    Writer,
     chunked_rows,
     row_bytes,
     row_nbytes,
     run_bounds,
     verify_sources,
 )
+from .layout import ArrayLayout, SparseLayout, StoredArrays, StoreInfo, Writer
 from .open import (
     Format,
     array_keys,
@@ -56,13 +54,16 @@ from .open import (
     open_for_copy,
     open_region_writer,
     open_written,
-    split_spec,
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
-from .remote import RemotePath, expand_url, is_url, remote_error
-from .sparse import csr_source, ragged_arange
-from .zarrwrite import DestinationState, destination_state, mark_complete, remove_store
+from .remote.errors import remote_error
+from .remote.glob import expand_url
+from .remote.paths import RemotePath, is_url
+from .sparse.csr import csr_source
+from .sparse.rows import ragged_arange
+from .specs import split_spec
+from .zarr.write import DestinationState, destination_state, mark_complete, remove_store
 
 __all__ = [
     "MARKER",

@@ -1,79 +1,55 @@
-"""The storage layer's entry points: paths and objects in, sources and facts out.
+"""The storage layer's entry points: paths, URLs and objects in, sources and facts out.
 
 Everything outside :mod:`arrayfeed._storage` reaches storage through these functions and the
-capability protocols of :mod:`.base`; the format modules (:mod:`.npy`, :mod:`.hdf5`,
-:mod:`.zarr`) are the only places that know a format.
+capability protocols of :mod:`.base`. Each is a loop over the format registry
+(:func:`.registry.backends`): the backend that claims a location by its name, else the one that
+detects it by what it holds, opens it, lists it, describes it or reads its record; the backends
+that read elements encoded inside another family's files (AnnData's) are asked first. No format
+is named here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import h5py as _h5py
 import numpy as np
-import zarr as _zarr
 
-from .._errors import ConfigError, SourceNotFoundError, StructureError
-from . import anndata, h5describe, h5write, hdf5, lazy, npy, openurl, sparse, zarr, zarrwrite
-from .base import Source, SparseLayout, StoredArrays, StoreInfo, Writer
-from .memory import ArraySource
+from .._errors import ConfigError, SourceNotFoundError
+from .base import Source
+from .layout import SparseLayout, StoredArrays, StoreInfo, Writer
 from .record import ConversionRecord
-from .remote import RemotePath, is_url
+from .registry import Backend, Format, Location, OpenOptions, backends, writer_backend
+from .remote.errors import looking_at
+from .remote.paths import RemotePath, as_remote, is_url
+from .specs import split_spec, split_url
 
 __all__ = [
+    "Format",
     "array_keys",
     "as_source",
     "as_source_for_copy",
     "create_writer",
-    "open_region_writer",
     "describe",
     "is_array_like",
     "is_store_dir",
     "open_array",
     "open_for_copy",
+    "open_region_writer",
     "open_written",
-    "split_spec",
     "written_by_arrayfeed",
 ]
 
-Format = Literal["hdf5", "zarr"]
-
-
-_CONTAINER_RE = re.compile(
-    r"^(?P<path>.+?\.(?:npy|npz|h5|hdf5|he5|hdf|h5ad|nc|nc4|zarr))(?::(?P<key>.*))?$", re.I
-)
-
-
-def split_spec(spec: str) -> tuple[str, str | None]:
-    """Split an input spec ``path[:key]`` into its path and key (None when absent).
-
-    >>> split_spec("data/train.h5:images")
-    ('data/train.h5', 'images')
-    >>> split_spec("x.npy")
-    ('x.npy', None)
-    >>> split_spec("shards/*.zarr:group/x")
-    ('shards/*.zarr', 'group/x')
-    >>> split_spec("s3://bucket/train.zarr:x")
-    ('s3://bucket/train.zarr', 'x')
-    """
-    if is_url(spec):
-        return openurl.split_url(spec)
-    match = _CONTAINER_RE.match(spec)
-    if match is not None:
-        return match["path"], match["key"] or None
-    if ":" in spec:
-        path, _, key = spec.rpartition(":")
-        return path, key or None
-    return spec, None
+#: Anything a path may be given as.
+PathLike = str | os.PathLike[str] | RemotePath
 
 
 def open_array(
-    path: str | os.PathLike[str] | RemotePath,
+    path: PathLike,
     key: str | None = None,
     *,
     strict: bool | None = None,
@@ -119,11 +95,56 @@ def open_array(
     >>> src.shape, len(src)
     ((3, 2), 3)
     """
-    if sparse.is_scipy_sparse(path):
-        return sparse.from_scipy(path, "matrix")
+    options = OpenOptions(strict=strict, field=field, decode_cf=decode_cf)
+    return _open(path, key, options, storage_options)
+
+
+def open_for_copy(
+    path: Path | str, key: str | None, storage_options: Mapping[str, Any] | None = None
+) -> Source:
+    """Like :func:`open_array`, but a ``.npz`` member is streamed rather than loaded whole, and
+    a component array of a sparse matrix (``X/data``) is refused: copied as rows, it would
+    scramble the matrix."""
+    location = path if is_url(path) else Path(path)  # a path, not a spec: no key split off
+    return _open(location, key, OpenOptions(for_copy=True), storage_options)
+
+
+def _open(
+    path: PathLike, key: str | None, options: OpenOptions, storage_options: Mapping[str, Any] | None
+) -> Source:
+    if not isinstance(path, (str, os.PathLike, RemotePath)):
+        for backend in backends():  # an object standing for a file (a scipy.sparse matrix)
+            if (source := backend.open_object(path)) is not None:
+                return source
+    location, key = _locate(path, key, storage_options)
+    if key is not None and "#" in key and options.field is None:
+        key, _, field = key.rpartition("#")
+        options = dataclasses.replace(options, field=field)
+    family = _family(location)
+    if options.field is not None and (family is None or not family.reads_fields):
+        readers = " or ".join(b.label for b in backends() if b.reads_fields)
+        raise ConfigError(
+            f"`field` ({options.field!r}) names a field of an {readers} compound dataset, but "
+            f"'{location}' is not an {readers} file; drop `field`."
+        )
+    if family is None:
+        raise _unknown(location)
+    for backend in backends():  # encoded elements before the plain arrays they are stored as
+        if (source := backend.open_element(location, key, options, family)) is not None:
+            return source
+    return family.open(location, key, options)
+
+
+def _locate(
+    path: PathLike, key: str | None, storage_options: Mapping[str, Any] | None
+) -> tuple[Location, str | None]:
+    """Where ``path`` is, and the key, which a spec ``path:key`` may name in the path."""
     if is_url(path):  # before Path(), which would make 's3://b' 's3:/b'
-        remote = openurl.as_remote(path, storage_options)
-        return openurl.open_url(remote, key, strict=strict, field=field)
+        location = as_remote(path, storage_options)
+        if key is None:
+            url, key = split_url(location.url)
+            location = RemotePath(url, location.storage_options)
+        return location, key
     assert not isinstance(path, RemotePath)
     p = Path(path)
     if not p.exists() and key is None and isinstance(path, str):
@@ -133,158 +154,122 @@ def open_array(
             p, key = Path(spec_path), spec_key
     if not p.exists():
         raise SourceNotFoundError(f"nothing at '{p}'; check the path.")
-    if key is not None and "#" in key and field is None:
-        key, _, field = key.rpartition("#")
-    suffix = p.suffix.lower()
-    if field is not None and not (suffix in hdf5.SUFFIXES or hdf5.is_hdf5(p)):
-        raise ConfigError(
-            f"`field` ({field!r}) names a field of an HDF5 compound dataset, but '{p}' is not an "
-            "HDF5 file; drop `field`."
-        )
-    if suffix == ".npy":
-        if key is not None:
-            raise SourceNotFoundError(
-                f"'{p}' is a .npy file, which holds one array; drop `key` ({key!r})."
-            )
-        return npy.NpySource(p)
-    if suffix == ".npz":
-        return npy.open_npz(p, key)
-    if key is None and field is None and (p.is_dir() or hdf5.is_hdf5(p)):
-        if p.is_dir():  # an AnnData file raises here, naming its elements
-            anndata.open_zarr_element(p, None, strict)
-        else:
-            anndata.open_h5_element(p, None)
-        key = _whole_matrix_key(p)
-    if p.is_dir():
-        return anndata.open_zarr_element(p, key, strict) or zarr.open_zarr(p, key, strict)
-    if suffix in hdf5.SUFFIXES or hdf5.is_hdf5(p):
-        encoded = anndata.open_h5_element(p, key) if field is None else None
-        return encoded or hdf5.open_hdf5(p, key, field, decode_cf=decode_cf)
+    return p, key
+
+
+def _family(location: Location) -> Backend | None:
+    """The backend of the format at ``location``: the first that claims it by its name, else
+    the first that detects it by what it holds; None for a local file nobody knows. A URL
+    nobody knows, or one that cannot be looked at, raises a named error."""
+    known = backends()
+    for backend in known:
+        if backend.claims(location):
+            return backend
+    if not isinstance(location, RemotePath):
+        return next((b for b in known if b.detects(location)), None)
+    with looking_at(location):
+        for backend in known:
+            if backend.detects(location):
+                return backend
     raise SourceNotFoundError(
-        f"'{p}' is not a .npy, .npz, HDF5 file or Zarr store; convert it with `arrayfeed convert`."
+        f"'{location}' is not a Zarr store, HDF5 file or .npy file, which is what arrayfeed reads "
+        "from URLs; convert it with `arrayfeed convert`."
     )
 
 
-def _whole_matrix_key(path: Path) -> str | None:
-    """The key to open in a file or store that holds sparse matrices when none is given: its
-    one array or matrix (a matrix counts once, not as its three arrays). Raises, naming them,
-    when there are several; None when it holds no sparse matrix (the format modules decide)."""
-    matrices = [e for e in anndata.elements(path) if e.kind.endswith("_matrix")]
-    if not matrices:
-        return None
-    parts = {part for e in matrices for part in e.parts}
-    names = sorted(
-        {n for n in array_keys(path) or [] if n not in parts} | {e.name for e in matrices}
-    )
-    if len(names) == 1:
-        return names[0]
-    raise SourceNotFoundError(
-        f"'{path}' holds {len(names)} arrays and sparse matrices and no `key` names one: "
-        f"{names}. Name one: `open_array('{path}', KEY)`, or '{path}:KEY' as a path."
+def _unknown(location: Location) -> SourceNotFoundError:
+    """The error for a local path no backend knows (the formats named are those users meet)."""
+    if isinstance(location, Path) and not os.path.lexists(location):
+        return SourceNotFoundError(f"nothing at '{location}'; check the path.")
+    return SourceNotFoundError(
+        f"'{location}' is not a .npy, .npz, HDF5 file or Zarr store; convert it with "
+        "`arrayfeed convert`."
     )
 
 
 def is_array_like(obj: Any) -> bool:
     """True for what arrayfeed accepts as one leaf of `x`, `y` or `sample_weight`."""
-    if isinstance(obj, (np.ndarray, _h5py.Dataset, _zarr.Array, str, os.PathLike, RemotePath)):
+    if isinstance(obj, (str, os.PathLike, RemotePath)):
         return True
     if isinstance(obj, (tuple, list, Mapping)):
         return False
-    return isinstance(obj, Source) or hasattr(obj, "__array__") or sparse.is_scipy_sparse(obj)
+    # The backends first: the protocol check reads attributes (a closed h5py.Dataset raises).
+    return any(b.recognises(obj) for b in backends()) or isinstance(obj, Source)
 
 
 def as_source(obj: Any, name: str, *, storage_options: Mapping[str, Any] | None = None) -> Source:
     """Wrap one array-like as a :class:`Source` (``name`` is used in messages; a URL opens with
     ``storage_options``)."""
-    if isinstance(obj, np.ndarray):
-        return ArraySource(obj, name=name)
-    if isinstance(obj, (str, os.PathLike, RemotePath)):
-        return open_array(obj, storage_options=storage_options)
-    if isinstance(obj, _h5py.Dataset):
-        return hdf5.h5_source(obj)
-    if isinstance(obj, _zarr.Array):
-        return zarr.ZarrSource(obj)
-    if isinstance(obj, Source):
-        return obj
-    if sparse.is_scipy_sparse(obj):
-        return sparse.from_scipy(obj, name)
-    # dask arrays and xarray DataArrays: read batch by batch, never computed whole
-    return lazy.lazy_source(obj, name) or ArraySource(np.asarray(obj), name=name)
-
-
-def open_for_copy(
-    path: Path | str, key: str | None, storage_options: Mapping[str, Any] | None = None
-) -> Source:
-    """Like :func:`open_array`, but a ``.npz`` member is streamed rather than loaded whole, and
-    a component array of a sparse matrix (``X/data``) is refused: copied as rows, it would
-    scramble the matrix."""
-    if is_url(path):
-        return open_array(path, key, storage_options=storage_options)
-    path = Path(path)
-    if (part := anndata.component_of(path, key)) is not None:
-        raise StructureError(
-            f"'{path}:{key}' is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows "
-            f"of data; copying it alone scrambles the matrix. Name the matrix instead: "
-            f"'{path}:{part[0]}' (copied as CSR; dense with `densify=True` / --densify)."
-        )
-    if path.suffix.lower() == ".npz" and path.is_file():
-        return npy.NpzMemberSource(path, key)
-    return open_array(path, key)
+    return _as_source(obj, name, storage_options, for_copy=False)
 
 
 def as_source_for_copy(obj: Any, name: str) -> Source:
     """Like :func:`as_source`, but an ``h5py.Dataset`` or ``zarr.Array`` that is a component
     array of a sparse matrix (``f["X/data"]``) is refused, as :func:`open_for_copy` refuses it."""
-    if (part := anndata.node_component_of(obj)) is not None:
-        raise StructureError(
-            f"`{name}` is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows of "
-            "data; copying it alone scrambles the matrix. Pass the matrix instead: its file and "
-            f"key ('FILE:{part[0]}'; copied as CSR, dense with `densify=True` / --densify)."
-        )
-    return as_source(obj, name)
+    return _as_source(obj, name, None, for_copy=True)
+
+
+def _as_source(
+    obj: Any, name: str, storage_options: Mapping[str, Any] | None, *, for_copy: bool
+) -> Source:
+    if isinstance(obj, (str, os.PathLike, RemotePath)):
+        return open_array(obj, storage_options=storage_options)
+    known = backends()
+    # The backends first: the protocol check reads attributes (a closed h5py.Dataset raises).
+    for backend in known:
+        if (source := backend.source_of(obj, name, for_copy=for_copy)) is not None:
+            return source
+    if isinstance(obj, Source):
+        return obj
+    for backend in known:  # anything else NumPy can make an array of
+        if (source := backend.load(obj, name)) is not None:
+            return source
+    raise TypeError(f"`{name}` ({type(obj).__name__}) is not an array.")  # pragma: no cover
 
 
 def array_keys(
-    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+    path: PathLike, storage_options: Mapping[str, Any] | None = None
 ) -> list[str] | None:
     """Every array inside the HDF5 file or Zarr group at ``path``; None for a single array
     (``.npy``, a Zarr array store). ``.npz`` members need a key."""
-    if is_url(path):
-        return openurl.array_keys_url(openurl.as_remote(path, storage_options))
-    p = os.fspath(path)
-    if p.lower().endswith((".npy", ".npz")):
-        return None
-    if hdf5.is_hdf5(p):
-        return h5describe.dataset_names(p)
-    return zarr.array_names(p)
+    location = _where(path, storage_options, must_exist=False)
+    family = _family(location)
+    if family is None:
+        raise _unknown(location)
+    return family.array_keys(location)
 
 
-def describe(
-    path: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
-) -> StoreInfo:
+def describe(path: PathLike, storage_options: Mapping[str, Any] | None = None) -> StoreInfo:
     """What the file or store at ``path`` (or URL) holds, from metadata only."""
+    location = _where(path, storage_options)
+    family = _family(location)
+    if family is None:
+        raise SourceNotFoundError(
+            f"'{location}' is not an HDF5 file, Zarr store, .npy or .npz file, which is what "
+            "arrayfeed can inspect."
+        )
+    info = family.describe(location)
+    for backend in backends():
+        info = backend.annotate(location, info, family)
+    return info
+
+
+def _where(
+    path: PathLike, storage_options: Mapping[str, Any] | None, *, must_exist: bool = True
+) -> Location:
+    """``path`` as a location (a local path expanded, and checked to exist)."""
     if is_url(path):
-        return openurl.describe_url(openurl.as_remote(path, storage_options))
-    p = Path(os.path.expanduser(os.fspath(path)))
-    if not os.path.lexists(p):
-        raise SourceNotFoundError(f"nothing at '{p}'; check the path.")
-    if p.is_dir():
-        return anndata.annotate(p, zarr.describe(p))
-    if p.suffix.lower() == ".npy":
-        return npy.describe_npy(p)
-    if p.suffix.lower() == ".npz":
-        return npy.describe_npz(p)
-    if hdf5.is_hdf5(p):
-        return anndata.annotate(p, h5describe.describe(p))
-    raise SourceNotFoundError(
-        f"'{p}' is not an HDF5 file, Zarr store, .npy or .npz file, which is what arrayfeed "
-        "can inspect."
-    )
+        return as_remote(path, storage_options)
+    assert not isinstance(path, RemotePath)
+    location = Path(os.path.expanduser(os.fspath(path)))
+    if must_exist and not os.path.lexists(location):
+        raise SourceNotFoundError(f"nothing at '{location}'; check the path.")
+    return location
 
 
 def is_store_dir(path: Path) -> bool:
-    """True for a directory that holds a Zarr store (or is empty)."""
-    return zarr.is_zarr_dir(path)
+    """True for a directory that holds a store written as a directory (Zarr), or is empty."""
+    return any(b.is_store_dir(path) for b in backends())
 
 
 def create_writer(
@@ -298,23 +283,13 @@ def create_writer(
     """A new store at ``path`` with one array of ``(shape, dtype)`` per name (``chunk_rows``
     None: contiguous in HDF5, one chunk of all rows in Zarr), and a CSR group per name of
     ``sparse``. Object storage (a :class:`RemotePath`) takes Zarr only."""
-    if fmt == "hdf5":
-        if isinstance(path, RemotePath):
-            raise ConfigError(
-                f"`output` '{path}' is on object storage, where arrayfeed writes Zarr stores "
-                "only (an HDF5 file cannot be written in place there); end it in .zarr."
-            )
-        return h5write.H5Writer(path, arrays, chunk_rows, compression, sparse)
-    if fmt == "zarr":
-        rows = chunk_rows or max((shape[0] for shape, _ in arrays.values()), default=1)
-        return zarrwrite.ZarrWriter(path, arrays, rows, compression, sparse)
-    raise ConfigError(f"unknown store format {fmt!r}; use 'hdf5' or 'zarr'.")
+    return writer_backend(fmt).create_writer(path, arrays, chunk_rows, compression, sparse)
 
 
-def open_region_writer(path: Path | RemotePath) -> Writer:
-    """The Zarr store :func:`create_writer` made at ``path``, opened again to write row runs of
+def open_region_writer(path: Path | RemotePath, fmt: Format = "zarr") -> Writer:
+    """The store :func:`create_writer` made at ``path``, opened again to write row runs of
     whole chunks into it (a worker of a distributed conversion)."""
-    return zarrwrite.ZarrRegionWriter(path)
+    return writer_backend(fmt).open_region_writer(path)
 
 
 @contextlib.contextmanager
@@ -329,13 +304,9 @@ def open_written(
     """The store a :func:`create_writer` wrote at ``path``, opened again to check it: arrays
     ``names`` and the attributes of ``groups`` (``count_chunks=False``: without
     ``missing_chunks``, which lists every Zarr chunk key)."""
-    if fmt == "hdf5":
-        assert isinstance(path, Path)
-        with h5write.open_written(path, names, groups) as stored:
-            yield stored
-    else:
-        with zarrwrite.open_written(path, names, groups, count_chunks=count_chunks) as stored:
-            yield stored
+    backend = writer_backend(fmt)
+    with backend.open_written(path, names, groups, count_chunks=count_chunks) as stored:
+        yield stored
 
 
 def written_by_arrayfeed(
@@ -362,17 +333,14 @@ def written_by_arrayfeed(
     >>> af.written_by_arrayfeed(out).complete
     True
     """
-    if isinstance(store, _h5py.Group):
-        return hdf5.read_record(store)
-    if isinstance(store, _zarr.Group):
-        return zarr.read_record(store)
+    for backend in backends():
+        if backend.is_group(store):
+            return backend.read_record(store)
     if is_url(store):
-        return openurl.record_url(openurl.as_remote(store, storage_options))
-    path = Path(os.fspath(store))
-    if not os.path.lexists(path):
-        raise SourceNotFoundError(f"nothing at '{path}'; check the path.")
-    if path.is_dir():
-        return zarr.read_record(path)
-    if hdf5.is_hdf5(path):
-        return hdf5.read_record(path)
-    return None
+        location: Location = as_remote(store, storage_options)
+    else:
+        location = Path(os.fspath(store))
+        if not os.path.lexists(location):
+            raise SourceNotFoundError(f"nothing at '{location}'; check the path.")
+    family = _family(location)
+    return family.read_record(location) if family is not None else None

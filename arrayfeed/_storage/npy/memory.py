@@ -1,0 +1,164 @@
+"""In-memory arrays and memory-mapped files: sources that gather rows in any order cheaply.
+
+:class:`ArraySource` wraps an ``np.ndarray`` or ``np.memmap``; :class:`MappedSource` maps rows
+stored contiguously at a byte offset of a file (``.npy`` files, contiguous HDF5 datasets) lazily,
+once per process, and pickles the path and layout, never the mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._errors import CorruptDataError
+from ..._forks import renew_after_fork
+from ..base import Indices, run_bounds
+from ..fingerprint import Fingerprint, memmap_fingerprint
+
+__all__ = ["ArraySource", "MappedSource"]
+
+#: Serialises opening the per-process file descriptor of mapped sources.
+_FD_LOCK = threading.Lock()
+renew_after_fork(sys.modules[__name__], "_FD_LOCK")
+
+
+class ArraySource:
+    """An in-memory ``np.ndarray`` or an ``np.memmap``."""
+
+    def __init__(self, array: np.ndarray, name: str = "array") -> None:
+        self._array = array
+        self.name = name
+        self.fingerprint = memmap_fingerprint(array)
+
+    @property
+    def array(self) -> np.ndarray:
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.array.dtype
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def read(self, indices: Indices) -> np.ndarray:
+        run = run_bounds(indices)
+        if run is not None:
+            return np.array(self.array[run[0] : run[1]])
+        return np.take(self.array, indices, axis=0)
+
+    def read_run(self, start: int, stop: int) -> np.ndarray:
+        return self.array[start:stop]
+
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None:
+        # mode="clip": indices are in bounds (the plan checks them), and only then does NumPy
+        # write straight into `out` instead of through a temporary copy.
+        np.take(self.array, indices, axis=0, out=out, mode="clip")
+
+    def verify(self) -> None:
+        """Raise :class:`CorruptDataError` if the file behind a memory map changed since opening."""
+        if self.fingerprint is not None:
+            self.fingerprint.check(self.name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class MappedSource(ArraySource):
+    """Rows stored contiguously at a byte offset of a file: memory-mapped read-only, lazily,
+    once per process. Pickles the path and layout, never the mapping."""
+
+    def __init__(
+        self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any], offset: int, fortran: bool
+    ) -> None:
+        self.path = path
+        self._shape, self._dtype, self._offset, self._fortran = shape, dtype, offset, fortran
+        self.fingerprint = Fingerprint.of(path)
+        self._array: np.ndarray | None = None  # type: ignore[assignment]
+        self._pid = -1
+        self._fd: int | None = None
+        self._fd_pid = -1
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None or self._pid != os.getpid():
+            self._array = np.memmap(
+                self.path,
+                dtype=self._dtype,
+                mode="r",
+                offset=self._offset,
+                shape=self._shape,
+                order="F" if self._fortran else "C",
+            )
+            self._pid = os.getpid()
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._dtype
+
+    def __len__(self) -> int:
+        return self._shape[0] if self._shape else 0
+
+    def gather_into(self, indices: Indices, out: np.ndarray) -> None:
+        # One gather through the map per call: a single native call that copies every row with
+        # the GIL released, whatever the row size. The alternative, one `preadv` per run of rows
+        # (about one per row of a shuffled batch), made many short GIL hand-offs that convoy with
+        # more threads: measured on 12 KiB rows, 183 k rows/s with 1 thread and 200 k with 2,
+        # against 629 k and 936 k through the map on the 2-core development machine, and 4x
+        # slower at 16 threads than at 1 on a 16-core host (where the map gathers 1.44 M rows/s).
+        # A file truncated under the map would end the process with SIGBUS, so its size is
+        # checked first (one fstat): a file cut before the read is a named error.
+        if len(indices):
+            self._check_size(int(indices.max()))
+        np.take(self.array, indices, axis=0, out=out, mode="clip")
+
+    def _check_size(self, last_row: int) -> None:
+        row_bytes = self._dtype.itemsize * int(np.prod(self._shape[1:], dtype=np.int64))
+        end = self._offset + (last_row + 1) * row_bytes
+        if self._fortran:
+            end = self._offset + int(np.prod(self._shape, dtype=np.int64)) * self._dtype.itemsize
+        size = os.fstat(self._file()).st_size
+        if size < end:
+            raise CorruptDataError(
+                f"'{self.path}' ended at byte {size}, inside the rows being read: the file was "
+                "truncated while being read; re-create it."
+            )
+
+    def _file(self) -> int:
+        with _FD_LOCK:
+            if self._fd is None or self._fd_pid != os.getpid():
+                self._fd, self._fd_pid = os.open(self.path, os.O_RDONLY), os.getpid()
+            return self._fd
+
+    def close(self) -> None:
+        """Close this process's file descriptor and mapping (both reopen when read again)."""
+        with _FD_LOCK:
+            fd, self._fd = self._fd, None
+            if fd is not None and self._fd_pid == os.getpid():
+                os.close(fd)
+        self._array, self._pid = None, -1
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None and self._fd_pid == os.getpid():
+            os.close(fd)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_array"], state["_pid"] = None, -1
+        state["_fd"], state["_fd_pid"] = None, -1
+        return state

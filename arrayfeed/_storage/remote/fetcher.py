@@ -1,0 +1,205 @@
+"""Objects fetched many at once from object storage, retried, and kept for rows read again soon.
+
+:class:`Fetcher` fetches whole objects (Zarr chunks) with many requests in flight on the
+filesystem's own event loop, retries them with exponential backoff after transient failures (5xx,
+429, timeouts, connection resets), and keeps them in a byte-bounded LRU so that rows read again
+soon (a full shuffle touches every chunk many times per epoch) cost no new request: the page
+cache that local files get from the operating system. Decoding stays with the caller, in its own
+thread. :func:`sync_filesystem` gives the filesystem such fetches run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .errors import missing_object, remote_error, transient
+
+__all__ = ["ATTEMPTS", "BACKOFF", "CACHE_BYTES", "IN_FLIGHT", "Fetcher", "sync_filesystem"]
+
+#: Requests one :class:`Fetcher` keeps in flight at most.
+IN_FLIGHT = 64
+#: Tries of one request before a transient failure becomes an error (the first included).
+ATTEMPTS = 5
+#: Seconds before the first retry; doubled for each further one, with up to 50 % jitter.
+BACKOFF = 0.1
+#: Bytes of fetched objects a :class:`Fetcher` keeps (``ARRAYFEED_REMOTE_CACHE_BYTES`` overrides).
+CACHE_BYTES = 512 << 20
+
+
+def sync_filesystem(fs: Any) -> Any:
+    """A filesystem that runs coroutines on fsspec's own event loop, for ``fs`` as Zarr opens it
+    (an asynchronous instance without a loop, or a wrapped synchronous one).
+
+    S3 gets a larger connection pool (64; botocore's default is 10) unless one is configured.
+    """
+    if getattr(fs, "sync_fs", None) is not None:  # zarr's wrapper of a synchronous filesystem
+        return fs.sync_fs
+    if not getattr(fs, "async_impl", False) or not getattr(fs, "asynchronous", False):
+        return fs
+    options = {k: v for k, v in fs.storage_options.items() if k not in ("asynchronous", "loop")}
+    if "s3" in _protocols(fs):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("max_pool_connections", IN_FLIGHT)
+        options["config_kwargs"] = config
+    return type(fs)(**options)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = getattr(fs, "protocol", ())
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _delay(attempt: int) -> float:
+    return float(BACKOFF * 2**attempt * (1 + 0.5 * random.random()))
+
+
+def cache_bytes() -> int:
+    value = os.environ.get("ARRAYFEED_REMOTE_CACHE_BYTES")
+    try:
+        return max(0, int(value)) if value else CACHE_BYTES
+    except ValueError:
+        return CACHE_BYTES
+
+
+class Fetcher:
+    """Objects under ``root`` of ``fs`` (keys relative to it), fetched many at once.
+
+    :meth:`fetch` starts requests for keys nobody fetched yet and returns at once; :meth:`get`
+    waits for one object: its bytes, or None when it does not exist. A failure is raised by
+    :meth:`get` (and forgotten, so a later read asks again): a named error after
+    :data:`ATTEMPTS` tries of a transient one. Fetched objects are kept, least recently used
+    first out, up to ``cache_bytes``. Pickles as ``fs``, ``root`` and ``url`` (the copy starts
+    empty); a forked child starts empty too, with the filesystem made again (the parent's event
+    loop thread does not exist there).
+    """
+
+    def __init__(self, fs: Any, root: str, url: str, *, in_flight: int = IN_FLIGHT) -> None:
+        self.fs, self.root, self.url, self.in_flight = fs, root.rstrip("/"), url, in_flight
+        self.cache_bytes = cache_bytes()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._entries: OrderedDict[str, Future[bytes | None]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._held = 0
+        self._semaphore: asyncio.Semaphore | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self.requests = 0  # objects requested (for tests and benchmarks)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fs": self.fs, "root": self.root, "url": self.url, "in_flight": self.in_flight}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["fs"], state["root"], state["url"], in_flight=state["in_flight"])  # type: ignore[misc]
+
+    def _forked(self) -> None:
+        if self._pid != os.getpid():
+            self.fs = pickle.loads(pickle.dumps(self.fs))  # fsspec makes it anew in this process
+            self._reset()
+
+    def fetch(self, keys: Iterable[str]) -> None:
+        """Start fetching every key not fetched or in flight yet."""
+        self._forked()
+        with self._lock:
+            for key in keys:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                else:
+                    self._entries[key] = self._start(key)
+            self._evict()
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes of ``key`` (None: no such object), once they arrived."""
+        self._forked()
+        with self._lock:
+            future = self._entries.get(key)
+            if future is None:
+                future = self._entries[key] = self._start(key)
+                self._evict()
+            else:
+                self._entries.move_to_end(key)
+        try:
+            return future.result()
+        except BaseException:
+            with self._lock:
+                if self._entries.get(key) is future:
+                    del self._entries[key]
+            raise
+
+    def _start(self, key: str) -> Future[bytes | None]:
+        self.requests += 1
+        path = f"{self.root}/{key}" if self.root else key
+        future: Future[bytes | None]
+        if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None) is not None:
+            future = asyncio.run_coroutine_threadsafe(self._get_async(path, key), self.fs.loop)
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    min(self.in_flight, 16), thread_name_prefix="arrayfeed-fetch"
+                )
+            future = self._pool.submit(self._get_sync, path, key)
+        future.add_done_callback(lambda f: self._landed(key, f))
+        return future
+
+    def _landed(self, key: str, future: Future[bytes | None]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        size = len(future.result() or b"")
+        with self._lock:
+            if self._entries.get(key) is future and key not in self._sizes:
+                self._sizes[key] = size
+                self._held += size
+
+    def _evict(self) -> None:
+        if self._held <= self.cache_bytes:
+            return
+        for key in list(self._entries):
+            if self._held <= self.cache_bytes:
+                break
+            size = self._sizes.pop(key, None)
+            if size is not None:  # arrived: in flight ones stay
+                del self._entries[key]
+                self._held -= size
+
+    def _url(self, key: str) -> str:
+        return f"{self.url.rstrip('/')}/{key}"
+
+    async def _get_async(self, path: str, key: str) -> bytes | None:
+        if self._semaphore is None:  # created on the loop that uses it
+            self._semaphore = asyncio.Semaphore(self.in_flight)
+        for attempt in range(ATTEMPTS):
+            try:
+                async with self._semaphore:
+                    data = await self.fs._cat_file(path)
+                return data if isinstance(data, bytes) else bytes(data)
+            except Exception as exc:
+                if missing_object(exc):
+                    return None
+                if attempt + 1 == ATTEMPTS or not transient(exc):
+                    raise remote_error(exc, self._url(key), attempts=attempt + 1) from exc
+            await asyncio.sleep(_delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _get_sync(self, path: str, key: str) -> bytes | None:
+        for attempt in range(ATTEMPTS):
+            try:
+                data = self.fs.cat_file(path)
+                return data if isinstance(data, bytes) else bytes(data)
+            except Exception as exc:
+                if missing_object(exc):
+                    return None
+                if attempt + 1 == ATTEMPTS or not transient(exc):
+                    raise remote_error(exc, self._url(key), attempts=attempt + 1) from exc
+            time.sleep(_delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,134 @@
+"""URLs and their filesystems: ``s3://``, ``gs://``, ``az://``, ``http(s)://`` or any fsspec protocol.
+
+``fsspec`` (and ``s3fs`` for S3) are optional (``pip install "arrayfeed[remote]"``) and imported
+only on first use: a URL without them is a :class:`~arrayfeed.SourceUnavailableError` that says
+what to install.
+
+:class:`RemotePath` is a URL and its ``storage_options`` (what fsspec passes to the filesystem:
+credentials, ``endpoint_url`` …); it is what sources and writers pickle, so that another process
+reopens the same data. Credentials and the endpoint may also come from the environment as each
+filesystem reads it (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_ENDPOINT_URL``, ``AWS_PROFILE`` …).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._errors import DestinationError, SourceUnavailableError
+
+__all__ = ["INSTALL", "RemotePath", "as_remote", "is_url", "protocol_of", "url_to_fs"]
+
+#: What to install for URLs.
+INSTALL = 'pip install "arrayfeed[remote]"'
+
+_URL_RE = re.compile(r"^(?P<protocol>[A-Za-z][A-Za-z0-9+.\-]*)://")
+_BUCKETED = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
+_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs"}
+
+
+def is_url(path: object) -> bool:
+    """True for a :class:`RemotePath` or a string with a protocol (``s3://bucket/x.zarr``).
+
+    >>> is_url("s3://bucket/train.zarr"), is_url("data/train.zarr"), is_url("C:/data/x.npy")
+    (True, False, False)
+    """
+    return isinstance(path, RemotePath) or (isinstance(path, str) and bool(_URL_RE.match(path)))
+
+
+def protocol_of(url: str) -> str:
+    match = _URL_RE.match(url)
+    return match["protocol"].lower() if match else "file"
+
+
+@dataclass(frozen=True)
+class RemotePath:
+    """A URL and the ``storage_options`` its filesystem is built with; pickles as both."""
+
+    url: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "storage_options", dict(self.storage_options or {}))
+
+    def __str__(self) -> str:
+        return self.url
+
+    @property
+    def protocol(self) -> str:
+        return protocol_of(self.url)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.url.rstrip("/"))
+
+    @property
+    def suffix(self) -> str:
+        return posixpath.splitext(self.name)[1]
+
+    def child(self, key: str) -> RemotePath:
+        """The URL of ``key`` inside this one."""
+        return RemotePath(f"{self.url.rstrip('/')}/{key.strip('/')}", self.storage_options)
+
+    def filesystem(self, *, writing: bool = False) -> tuple[Any, str]:
+        """``(fsspec filesystem, path inside it)``; named errors when fsspec or the protocol's
+        package is missing."""
+        return url_to_fs(self.url, self.storage_options, writing=writing)
+
+    def bucket_exists(self) -> bool | None:
+        """Whether the bucket of this URL exists (None: the protocol has no buckets, or the
+        question cannot be answered)."""
+        if self.protocol not in _BUCKETED:
+            return None
+        fs, path = self.filesystem()
+        try:
+            fs.info(path.split("/", 1)[0])
+        except FileNotFoundError:
+            return False
+        except Exception:
+            return None
+        return True
+
+
+def as_remote(
+    path: str | os.PathLike[str] | RemotePath, storage_options: Mapping[str, Any] | None
+) -> RemotePath:
+    """``path`` with ``storage_options`` (a :class:`RemotePath` keeps its own unless given)."""
+    if isinstance(path, RemotePath):
+        return path if storage_options is None else RemotePath(path.url, storage_options)
+    return RemotePath(os.fspath(path), storage_options or {})
+
+
+def url_to_fs(url: str, options: Mapping[str, Any], *, writing: bool) -> tuple[Any, str]:
+    error = DestinationError if writing else SourceUnavailableError
+    protocol = protocol_of(url)
+    try:
+        import fsspec
+    except ImportError:
+        raise error(
+            f"'{url}' is a URL, and reading or writing URLs needs fsspec (and s3fs for s3://), "
+            f"which are not installed; {INSTALL}."
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(options))
+    except ImportError as exc:
+        package = _PACKAGES.get(protocol, f"the fsspec package for '{protocol}://'")
+        extra = "" if protocol in ("s3", "s3a") else f" {package}"
+        raise error(
+            f"'{url}' needs {package}, which is not installed ({exc}); {INSTALL}{extra}."
+        ) from None
+    except ValueError as exc:
+        raise error(
+            f"'{url}': fsspec does not know the protocol '{protocol}://' ({exc}); check the URL."
+        ) from None
+    except TypeError as exc:
+        raise error(
+            f"`storage_options` {sorted(options)} do not fit the '{protocol}://' filesystem "
+            f"({exc}); check their names (command line: --storage-option KEY=VALUE)."
+        ) from None
+    return fs, str(path)
