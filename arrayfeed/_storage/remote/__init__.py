@@ -4,6 +4,7 @@
   pickle) and the fsspec filesystem behind a URL;
 - :mod:`.errors`: a filesystem's errors as arrayfeed's named errors, each saying how to fix it;
 - :mod:`.fetcher`: objects (Zarr chunks) fetched many at once, retried, and kept for a while;
+- :mod:`.tasks`: requests that a failed call leaves running, ended rather than abandoned;
 - :mod:`.glob`: URLs matching a pattern.
 
 The formats use these: Zarr stores, HDF5 files and ``.npy`` files each read their URLs in their

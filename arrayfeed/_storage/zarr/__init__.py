@@ -1,6 +1,7 @@
 """Zarr (v3 and v2) through zarr-python: stores in local directories and on object storage.
 
-- :mod:`.nodes`: stores and groups opened, and the metadata files that make a directory a store;
+- :mod:`.nodes`: stores and groups opened (a failed call on object storage ends the requests it
+  left running), and the metadata files that make a directory a store;
 - :mod:`.source`: :class:`~.source.ZarrSource` over a ``zarr.Array``;
 - :mod:`.chunks`: unsharded arrays read chunk by chunk in the reader's own thread
   (:class:`~.chunks.ChunkReader`), with the decoders of :mod:`.codecs`;

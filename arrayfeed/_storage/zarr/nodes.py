@@ -1,20 +1,24 @@
 """Zarr stores and groups opened through zarr-python, locally or on object storage.
 
-:func:`open_node` opens whatever is at a path or URL (an array or a group).
+:func:`open_node` opens whatever is at a path or URL (an array or a group); a failed open on
+object storage ends the requests zarr-python left running (:mod:`..remote.tasks`).
 :func:`is_zarr_dir` recognises a store directory by its metadata files (:data:`METADATA`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 import zarr
 from zarr.abc.store import Store
+from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
 from ..remote.paths import RemotePath
+from ..remote.tasks import ending
 
 __all__ = ["METADATA", "array_paths", "is_zarr_dir", "open_node", "unwrap_store"]
 
@@ -27,8 +31,15 @@ def open_node(path: str | os.PathLike[str] | RemotePath, mode: Any = "r") -> Any
     if isinstance(path, RemotePath):
         path.filesystem()  # a named error when fsspec or the protocol's package is missing
         options = dict(path.storage_options)
-        return zarr.open(store=path.url, mode=mode, storage_options=options)
+        with on_object_storage():
+            return zarr.open(store=path.url, mode=mode, storage_options=options)
     return zarr.open(store=str(path), mode=mode)
+
+
+def on_object_storage() -> contextlib.AbstractContextManager[None]:
+    """Around a call to zarr-python on object storage: if it fails, the requests it left
+    running on zarr's event loop are ended, not abandoned (:mod:`..remote.tasks`)."""
+    return ending(sync)
 
 
 def is_zarr_dir(path: Path) -> bool:

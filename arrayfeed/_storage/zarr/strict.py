@@ -9,6 +9,7 @@ missing chunk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -24,7 +25,7 @@ from ..._errors import CorruptDataError
 from ..record import marker_state
 from ..remote.fetcher import sync_filesystem
 from .errors import missing_chunk_error
-from .nodes import METADATA, unwrap_store
+from .nodes import METADATA, on_object_storage, unwrap_store
 
 __all__ = ["StrictStore", "strict_zarr_array", "zarr_marked_complete", "zarr_marker"]
 
@@ -49,9 +50,11 @@ def zarr_marker(array: zarr.Array[Any]) -> bool | None:
     if state is not None:
         return state
     parts = [p for p in str(array.path).split("/") if p]
+    remote = isinstance(unwrap_store(array.store), FsspecStore)
     for depth in range(len(parts) - 1, -1, -1):
         try:
-            group = zarr.open_group(store=array.store, path="/".join(parts[:depth]), mode="r")
+            with on_object_storage() if remote else contextlib.nullcontext():
+                group = zarr.open_group(store=array.store, path="/".join(parts[:depth]), mode="r")
         except Exception:  # no group metadata at this level (e.g. an implicit group)
             continue
         if (state := marker_state(group.attrs)) is not None:

@@ -33,7 +33,7 @@ from ..record import MARKER, ConversionRecord, marker_state
 from ..remote.errors import remote_error
 from ..remote.paths import RemotePath
 from .describe import read_record
-from .nodes import METADATA, open_node
+from .nodes import METADATA, on_object_storage, open_node
 
 __all__ = [
     "DestinationState",
@@ -73,12 +73,13 @@ class ZarrWriter:
     ) -> None:
         if isinstance(path, RemotePath):
             _remove(path)
-            self.group = zarr.open_group(
-                store=path.url,
-                mode="w",
-                zarr_format=3,
-                storage_options=dict(path.storage_options),
-            )
+            with on_object_storage():
+                self.group = zarr.open_group(
+                    store=path.url,
+                    mode="w",
+                    zarr_format=3,
+                    storage_options=dict(path.storage_options),
+                )
         else:
             self.group = zarr.open_group(str(path), mode="w", zarr_format=3)
         unfinished = ConversionRecord(
@@ -140,9 +141,10 @@ class ZarrRegionWriter:
 
     def __init__(self, path: Path | RemotePath) -> None:
         if isinstance(path, RemotePath):
-            self.group = zarr.open_group(
-                store=path.url, mode="r+", storage_options=dict(path.storage_options)
-            )
+            with on_object_storage():
+                self.group = zarr.open_group(
+                    store=path.url, mode="r+", storage_options=dict(path.storage_options)
+                )
         else:
             self.group = zarr.open_group(str(path), mode="r+")
         self.arrays: dict[str, Any] = {}
@@ -243,7 +245,8 @@ def remove_store(location: RemotePath) -> None:
 def mark_complete(location: RemotePath, record: ConversionRecord) -> None:
     """Write ``record`` (``complete: true``) on the group at ``location``: the last write of a
     conversion to object storage."""
-    group = zarr.open_group(
-        store=location.url, mode="r+", storage_options=dict(location.storage_options)
-    )
+    with on_object_storage():
+        group = zarr.open_group(
+            store=location.url, mode="r+", storage_options=dict(location.storage_options)
+        )
     group.attrs[MARKER] = record.to_json()
