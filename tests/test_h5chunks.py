@@ -30,6 +30,7 @@ from arrayfeed._storage import as_source, workbuffers
 from arrayfeed._storage.hdf5 import chunks as h5chunks
 from arrayfeed._storage.hdf5 import codecs as h5codecs
 from arrayfeed._storage.hdf5 import compressors as h5compressors
+from arrayfeed._storage.hdf5 import rawchunks
 from arrayfeed._storage.hdf5.chunkboxes import ChunkBoxes
 from arrayfeed._storage.hdf5.chunks import ChunkFile
 from arrayfeed._storage.hdf5.codecs import ChunkDecoder, Stage, StageError, fletcher32, pipeline
@@ -846,7 +847,7 @@ def test_reading_a_chunk_through_hdf5_holds_h5pys_lock(
     """`read_direct_chunk` (the once-per-process check of chunk offsets) runs under h5py's own
     lock: h5py before its pull request 2764 did not take it, and another thread in HDF5 at the
     same time made it fail or crash."""
-    assert h5chunks._H5PY_LOCK is h5py._objects.phil
+    assert rawchunks._H5PY_LOCK is h5py._objects.phil
     held = []
 
     class Recording:
@@ -856,7 +857,7 @@ def test_reading_a_chunk_through_hdf5_holds_h5pys_lock(
         def __exit__(self, *exc: object) -> None:
             h5py._objects.phil.release()
 
-    monkeypatch.setattr(h5chunks, "_H5PY_LOCK", Recording())
+    monkeypatch.setattr(rawchunks, "_H5PY_LOCK", Recording())
     with h5py.File(tmp_path / "a.h5", "w") as f:
         f.create_dataset("x", data=np.arange(1000), chunks=(100,), compression="gzip")
     with h5py.File(tmp_path / "a.h5", "r") as f:

@@ -1,456 +1,52 @@
-"""Chunked HDF5 datasets read chunk by chunk, outside h5py's lock.
+"""Rows of a chunked HDF5 dataset read from its raw chunks: batches of rows, and blocks.
 
-h5py runs every HDF5 call under one global lock, decompression included, so reader threads take
-turns and chunked HDF5 never uses a second core (measured on a 16-core host: 8.0 k rows/s with one
-reader thread, 8.1 k with 16). Where a dataset allows it, :class:`ChunkFile` asks h5py once per
-process where every chunk lies (byte offset, stored size, which filters were skipped), then reads
-chunks with ``os.pread`` on a descriptor of its own and decodes them in the calling thread with
-the decoders of :mod:`.h5codecs`, none of which holds the GIL or h5py's lock while it works.
-Measured on 2 cores (``benchmarks/bench_h5chunks.py``: 20,000 rows of uint8[64, 64, 3],
-``chunks=True``, lzf, ``shuffle="block"``, one epoch through the feed): h5py's reads 12 k rows/s
-with 1 or 2 reader threads; raw chunks 18-24 k with one thread and 42-45 k with two.
-
-Block reads ask for runs of a row chunk's chunks at once (:meth:`ChunkFile.read_pieces_into`), so
-the Python work per chunk, which holds the GIL, stays small: chunks stored one after another are
-read with one ``pread``, and chunks that split rows (a table's columns, an image's tiles and
-channels, as h5py's ``chunks=True`` cuts them) are decoded side by side a box of the chunk grid
-at a time and copied out together (:mod:`.chunkboxes`): a few copies per box, not one per chunk.
-
-The values are those h5py returns, bit for bit: chunks never written read as the fill value, a
-fletcher32 checksum is verified as HDF5 verifies it, and a chunk that fails to decode raises
-:class:`~arrayfeed.CorruptDataError` naming the file, the dataset, the chunk and the filter.
-:meth:`.h5layout.ChunkLayout.of` says why not (a string) for anything it does not reproduce
-exactly, and the caller reads through h5py: filters such as szip, scaleoffset or nbit, unknown
-filter options, non-native byte order, compound or string types, drivers other than a plain local
-file, a file open for writing or through SWMR, and a fill time of "never".
+:class:`ChunkFile` reads rows through :class:`.rawchunks.RawChunks`. Block reads ask for runs of
+a row chunk's chunks at once (:meth:`ChunkFile.read_pieces_into`), so the Python work per chunk,
+which holds the GIL, stays small: chunks stored one after another are read with one ``pread``
+(straight into the output when they are whole rows stored as they are), and chunks that split
+rows (a table's columns, an image's tiles and channels, as h5py's ``chunks=True`` cuts them) are
+decoded side by side a box of the chunk grid at a time and copied out together
+(:mod:`.chunkboxes`): a few copies per box, not one per chunk.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import math
-import os
-import threading
-import weakref
-from collections.abc import Iterator, Sequence
+import functools
 from typing import Any
 
-import h5py
 import numpy as np
 import numpy.typing as npt
 
-from ..._errors import CorruptDataError
-from ..._forks import renew_after_fork
 from .. import workbuffers
 from .chunkboxes import ChunkBoxes
-from .codecs import ChecksumError, ChunkDecoder, Stage, StageError, Undecodable, pipeline
-from .layout import ChunkLayout, chunk_index
+from .rawchunks import RawChunks
 
-__all__ = ["ChunkFile"]
-
-#: h5py's own lock around every call into HDF5. `read_direct_chunk` did not take it until h5py's
-#: pull request 2764 (December 2025): called while another thread was in HDF5, it failed ("no VOL
-#: object wrap context") or crashed. It is taken here for that call.
-_H5PY_LOCK: Any = getattr(getattr(h5py, "_objects", None), "phil", None) or contextlib.nullcontext()
+__all__ = ["RUN_BYTES", "STAGE_BYTES", "ChunkFile"]
 
 #: Most bytes of chunks that split rows decoded side by side before they are copied out.
 STAGE_BYTES = 4 << 20
 #: Most stored bytes read with one call (chunks stored one after another).
 RUN_BYTES = 4 << 20
 
-_BYTE = np.dtype(np.uint8)  # compared by identity on the hot path
-
-#: A chunk's coordinates in the chunk grid (chunk units, not elements).
-Coords = tuple[int, ...]
+#: ``[offset, size, filter mask]`` of each chunk a read touches, in the chunk grid's C order.
+Table = list[list[int]]
 
 
-class ChunkFile:
-    """Rows of one chunked dataset, read with ``os.pread`` and decoded in the calling thread.
+class ChunkFile(RawChunks):
+    """Rows of one chunked dataset, read from raw chunks decoded in the calling thread."""
 
-    One per dataset per process: it holds its own file descriptor (checked to be the file h5py
-    has open) and the chunk index, taken from h5py once.
-    """
+    @functools.cached_property
+    def _whole_rows(self) -> bool:
+        """Whether chunks hold whole rows: a whole chunk is one contiguous stretch of the output."""
+        return self.chunks[1:] == self.shape[1:]
 
-    def __init__(
-        self,
-        layout: ChunkLayout,
-        dataset: h5py.Dataset,
-        fd: int,
-        stages: Sequence[Stage],
-        index: tuple[np.ndarray, np.ndarray, np.ndarray],
-    ) -> None:
-        self.layout, self.dataset, self.fd, self.stages = layout, dataset, fd, tuple(stages)
-        self.name = f"{layout.filename}:{layout.key}"
-        self.shape, self.chunks, self.dtype = layout.shape, layout.chunks, layout.dtype
-        self.offsets, self.sizes, self.masks = index
-        # [offset, size, filter mask] of every chunk, by its index in the flattened grid.
-        self._table = np.stack([a.reshape(-1).astype(np.int64) for a in index], axis=1)
-        self._skip_all = (1 << len(self.stages)) - 1  # a chunk's mask when no filter applied
-        self.nbytes = math.prod(self.chunks) * self.dtype.itemsize
-        self.decoded = 0  # chunks decoded here (for tests and benchmarks)
-        self.via_hdf5 = 0  # chunks read through h5py instead (a form not decoded here)
-        self._fill: np.ndarray | None = None
-        self._lock = threading.Lock()
-        renew_after_fork(self, "_lock")
-        self._closer = weakref.finalize(self, os.close, fd)
-        # Chunk coordinates along every axis but the first, and the region of a row each covers.
-        grid = [range(-(-n // c)) for n, c in zip(self.shape[1:], self.chunks[1:], strict=True)]
-        self._rest: list[tuple[Coords, tuple[slice, ...]]] = []
-        for rest in itertools.product(*grid):
-            region = tuple(
-                slice(i * size, min((i + 1) * size, n))
-                for i, size, n in zip(rest, self.chunks[1:], self.shape[1:], strict=True)
-            )
-            self._rest.append((rest, region))
-        # Whether the chunks at each of those coordinates reach past the dataset's edge.
-        self._rest_edge = [
-            any(r.stop - r.start < k for r, k in zip(region, self.chunks[1:], strict=True))
-            for _, region in self._rest
-        ]
-        self._decoders: dict[int, ChunkDecoder] = {}  # by filter mask
-        # Chunks hold whole rows: a whole chunk is one contiguous stretch of the output.
-        self._whole_rows = self.chunks[1:] == self.shape[1:]
-        # Chunks that split rows: those of a row chunk are decoded side by side a box at a time
-        # (at most a few MiB, to stay in the CPU's caches) and copied out together.
-        self._boxes = (
-            ChunkBoxes(self.shape, self.chunks, STAGE_BYTES // self.nbytes)
-            if len(self._rest) > 1
-            else None
-        )
-
-    @classmethod
-    def open(cls, layout: ChunkLayout, dataset: h5py.Dataset) -> ChunkFile | str:
-        """A reader of ``dataset``'s chunks in this process, or why there is none."""
-        stages = pipeline(layout.filters, layout.dtype.itemsize)
-        if isinstance(stages, str):  # pragma: no cover - a codec library missing here only
-            return stages
-        fd = os.open(layout.filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            theirs = os.fstat(int(dataset.file.id.get_vfd_handle()))
-            ours = os.fstat(fd)
-            if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
-                os.close(fd)
-                return "the file at its path is no longer the file h5py has open"
-            index = chunk_index(dataset, layout.shape, layout.chunks)
-            reader = cls(layout, dataset, fd, stages, index)
-        except BaseException:
-            os.close(fd)
-            raise
-        if not reader._offsets_agree():
-            reader.close()
-            return "chunk byte offsets from HDF5 do not match the file's bytes"
-        return reader
-
-    def close(self) -> None:
-        """Close the file descriptor (idempotent)."""
-        self._closer()
-
-    # -- chunks ---------------------------------------------------------------------------------
-    def _offsets_agree(self) -> bool:
-        """Whether the first stored chunk's bytes at its offset are what HDF5 reads for it (a
-        check, once per process, that offsets count from the start of the file)."""
-        stored = np.flatnonzero(self.offsets.ravel() >= 0)
-        if not len(stored):
-            return True
-        coords = tuple(int(c) for c in np.unravel_index(int(stored[0]), self.offsets.shape))
-        start = tuple(c * n for c, n in zip(coords, self.chunks, strict=True))
-        with _H5PY_LOCK:
-            mask, data = self.dataset.id.read_direct_chunk(start)
-        ours = os.pread(self.fd, int(self.sizes[coords]), int(self.offsets[coords]))
-        return bool(ours == bytes(data) and int(mask) == int(self.masks[coords]))
-
-    def _region(self, coords: Coords) -> tuple[slice, ...]:
-        """The elements of chunk ``coords`` inside the dataset."""
-        return tuple(
-            slice(c * k, min((c + 1) * k, n))
-            for c, k, n in zip(coords, self.chunks, self.shape, strict=True)
-        )
-
-    def chunk(self, coords: Coords) -> np.ndarray:
-        """The part of chunk ``coords`` inside the dataset, decoded (may be read-only)."""
-        with self._chunk(coords, self._region(coords)) as chunk:
-            return chunk.copy()
-
-    @contextlib.contextmanager
-    def _chunk(self, coords: Coords, region: tuple[slice, ...]) -> Iterator[np.ndarray]:
-        """The part of chunk ``coords`` in ``region``, decoded, while the block runs: it may lie
-        in work buffers (:mod:`.workbuffers`) that are lent to other reads afterwards."""
-        offset = int(self.offsets[coords])
-        if offset < 0:  # never written: the fill value, as HDF5 reads it
-            yield self._fill_chunk()[tuple(slice(0, r.stop - r.start) for r in region)]
-            return
-        size, mask = int(self.sizes[coords]), int(self.masks[coords])
-        # Lent: the stored bytes when they are large, and a buffer for the decoded chunk when
-        # the stage that yields it can write into one.
-        stored = workbuffers.work.take(size) if size >= workbuffers.MIN_BYTES else None
-        decoded = workbuffers.lend(self.nbytes) if self._decoder(mask).writes_into else None
-        try:
-            data = self._pread(coords, size, offset, stored)
-            values, ours = self._decode(coords, data, mask, region, decoded)
-            if ours:
-                with self._lock:
-                    self.decoded += 1
-            yield values
-        finally:
-            workbuffers.give(stored, decoded)
-
-    def _decoder(self, mask: int) -> ChunkDecoder:
-        """The decoder of chunks stored with filter mask ``mask``."""
-        decoder = self._decoders.get(mask)
-        if decoder is None:
-            decoder = self._decoders[mask] = ChunkDecoder(self.stages, mask, self.nbytes)
-        return decoder
-
-    def _decode(
-        self,
-        coords: Coords | int,
-        data: Any,
-        mask: int,
-        region: tuple[slice, ...],
-        out: Any,
-        edge: bool | None = None,
-    ) -> tuple[np.ndarray, bool]:
-        """The part in ``region`` of chunk ``coords`` (or index ``coords`` of the flattened
-        chunk grid), decoded from its stored bytes ``data``, and whether it was decoded here
-        (False: read through h5py). The decoded chunk may be written into ``out`` (a
-        C-contiguous array of at least :attr:`nbytes` bytes, or None). ``edge``: whether
-        ``region`` is less than the whole chunk (None: work it out)."""
-        if edge is None:
-            edge = any(r.stop - r.start < k for r, k in zip(region, self.chunks, strict=True))
-        if edge and mask & self._skip_all != self._skip_all and len(data) == self.nbytes:
-            # An edge chunk stored at exactly its raw size may have been written unfiltered
-            # (H5Pset_chunk_opts' "don't filter partial edge chunks", which h5py cannot show):
-            # let HDF5, which knows, read it.
-            return self._via_hdf5(coords, region), False
-        decoder = self._decoder(mask)
-        flat = out is None or (out.dtype is _BYTE and out.ndim == 1 and len(out) == self.nbytes)
-        if decoder.writes_into and not flat:
-            out = out.reshape(-1).view(np.uint8)[: self.nbytes]
-        try:
-            raw = decoder(data, out)
-        except Undecodable:
-            return self._via_hdf5(coords, region), False
-        except StageError as exc:
-            raise self._corrupt(coords, _stage_problem(exc)) from exc.error
-        values = np.frombuffer(raw, dtype=self.dtype).reshape(self.chunks)
-        if edge:
-            values = values[tuple(slice(0, r.stop - r.start) for r in region)]
-        return values, True
-
-    def _pread(self, coords: Coords, size: int, offset: int, into: Any = None) -> Any:
-        """``size`` bytes at ``offset``: read into the first ``size`` bytes of ``into``
-        (C-contiguous) and returned as a memoryview of them (codecs read an ndarray as an array
-        of its dtype, a memoryview as bytes), or as ``bytes`` without ``into``."""
-        if into is None:
-            data = os.pread(self.fd, size, offset)
-            if len(data) != size:
-                raise self._cut_short(coords, len(data), size, offset)
-            return data
-        return self._pread_run(coords, [(offset, size)], into)
-
-    def _pread_run(self, first: Coords | int, stored: Sequence[Any], into: Any) -> memoryview:
-        """The stored bytes of chunks ``stored`` (``(offset, size, ...)`` each, one after
-        another in the file) from chunk ``first`` on (or from index ``first`` of the flattened
-        chunk grid), read with one call into ``into`` as for :meth:`_pread`."""
-        at = stored[0][0]
-        total = stored[-1][0] + stored[-1][1] - at
-        data: memoryview = into.reshape(-1).view(np.uint8)[:total].data
-        got = os.preadv(self.fd, [data], at)
-        while 0 < got < total:  # a call moves at most ~2 GiB on Linux
-            more = os.preadv(self.fd, [data[got:]], at + got)
-            if not more:
-                break
-            got += more
-        if got != total:  # name the chunk the file's end cuts
-            x = next(x for x, (o, n, *_) in enumerate(stored) if o + n > at + got)
-            coords = self._coords(first + x) if isinstance(first, int) else first
-            offset, size = stored[x][:2]
-            raise self._cut_short(coords, max(0, at + got - offset), size, offset)
-        return data
-
-    def _cut_short(self, coords: Coords, got: int, size: int, offset: int) -> CorruptDataError:
-        return CorruptDataError(
-            f"chunk {coords} of HDF5 dataset '{self.name}' is cut short: {got} of {size} "
-            f"bytes at byte {offset}; the file was truncated. Restore it from a backup or "
-            "re-create it."
-        )
-
-    def _fill_chunk(self) -> np.ndarray:
-        if self._fill is None:
-            fill = np.full(self.chunks, self.layout.fill, dtype=self.dtype)
-            fill.flags.writeable = False
-            self._fill = fill
-        return self._fill
-
-    def _via_hdf5(self, coords: Coords | int, region: tuple[slice, ...]) -> np.ndarray:
-        """The part in ``region`` of chunk ``coords`` (or its index in the flattened grid), as
-        h5py reads it; a failure (a filter that fails on damaged bytes) names the chunk."""
-        with self._lock:
-            self.via_hdf5 += 1
-        try:
-            return np.asarray(self.dataset[region])
-        except OSError as exc:
-            raise self._corrupt(coords, f"cannot be read by HDF5 ({exc})") from exc
-
-    def _corrupt(self, coords: Coords | int, problem: str) -> CorruptDataError:
-        """The error for chunk ``coords`` (or its index in the flattened grid): ``problem``."""
-        if isinstance(coords, int):
-            coords = self._coords(coords)
-        start = tuple(c * k for c, k in zip(coords, self.chunks, strict=True))
-        where = f"chunk {coords} (elements from {start}) of HDF5 dataset '{self.name}'"
-        return CorruptDataError(
-            f"{where} {problem}; the file is corrupted. Restore it from a backup or re-create it."
-        )
-
-    # -- rows -----------------------------------------------------------------------------------
-    def _rows_region(self, c: int) -> slice:
-        rows = self.chunks[0]
-        return slice(c * rows, min((c + 1) * rows, self.shape[0]))
-
-    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
-        """Rows ``[start, stop)`` into ``out`` (shape ``(stop - start, *shape[1:])``)."""
-        self.read_pieces_into(start, stop, 0, self.range_pieces(start, stop), out)
-
-    def range_pieces(self, start: int, stop: int) -> int:
-        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them, in the
-        chunk grid's C order (row chunk by row chunk)."""
-        rows = self.chunks[0]
-        return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
-
-    def read_pieces_into(
-        self, start: int, stop: int, first: int, last: int, out: np.ndarray
-    ) -> None:
-        """Read and decode pieces ``[first, last)`` (chunks, see :meth:`range_pieces`) of rows
-        ``[start, stop)`` into their parts of ``out``, which holds those rows.
-
-        The hot path of block reads, so the work per chunk that holds the GIL is kept small:
-        chunks stored one after another are read with one ``preadv`` (straight into ``out`` when
-        they are whole rows stored unfiltered), and chunks that split rows are decoded side by
-        side a box of the chunk grid at a time and copied out with a few copies per box
-        (:class:`.chunkboxes.ChunkBoxes`), each giving the GIL away once, not once per chunk.
-        """
-        start, stop, first, last = int(start), int(stop), int(first), int(last)
-        rows, per_row = self.chunks[0], len(self._rest)
-        g = start // rows * per_row  # piece 0's index in the chunk grid, flattened
-        boxes = self._boxes
-        if boxes is None:
-            self._read_chunks(start, stop, g + first, g + last, out, None)
-            return
-        p = first
-        while p < last:  # a row chunk's chunks side by side, a box of a few MiB at a time
-            j = p % per_row
-            box = boxes.box(j, min(per_row, j + last - p))
-            k = box.size
-            if k == 1:
-                self._read_chunks(start, stop, g + p, g + p + 1, out, None)
-            else:
-                staged = workbuffers.lend(k * self.nbytes)
-                try:
-                    slots = staged[: k * self.nbytes].view(self.dtype).reshape(k, *self.chunks)
-                    self._read_chunks(start, stop, g + p, g + p + k, out, slots)
-                    c = (g + p) // per_row
-                    lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
-                    local = slice(lo - c * rows, hi - c * rows)
-                    boxes.copy_out(box, slots, local, out[lo - start : hi - start])
-                finally:
-                    workbuffers.give(staged)
-            p += k
-
-    def _read_chunks(
-        self, start: int, stop: int, ga: int, gb: int, out: np.ndarray, slots: Any
-    ) -> None:
-        """Chunks ``ga .. gb - 1`` (indices into the flattened chunk grid) of the read of rows
-        ``[start, stop)``: each decoded into its slot of ``slots`` (an array of chunks) when
-        given, else into its part of ``out``."""
-        rows, per_row, nbytes, raw = self.chunks[0], len(self._rest), self.nbytes, self._skip_all
-        table = self._table[ga:gb].tolist()  # [offset, size, filter mask] of each chunk
-        # Chunks of whole rows all inside [start, stop) are decoded straight into `out`.
-        whole_rows = self._whole_rows and slots is None and out.flags.c_contiguous
-        scratch = None
-        decoded, row = 0, -1
-        try:
-            i, k = 0, gb - ga
-            while i < k:
-                # Chunks i .. e - 1 lie one after another in the file: one read, of a few MiB.
-                offset, size, mask = table[i]
-                e, end, unfiltered = i + 1, offset + size, mask & raw == raw and size == nbytes
-                while offset >= 0 and e < k:
-                    o, n, m = table[e]
-                    if o != end or end + n - offset > RUN_BYTES:
-                        break
-                    end, e = end + n, e + 1
-                    unfiltered = unfiltered and m & raw == raw and n == nbytes
-                span: Any = None  # where chunks i .. e - 1 go as they are stored, if unfiltered
-                if offset >= 0 and unfiltered:
-                    if slots is not None:
-                        span = slots[i:e]
-                    elif whole_rows and (ga + i) * rows >= start and (ga + e) * rows <= stop:
-                        span = out[(ga + i) * rows - start : (ga + e) * rows - start]
-                if span is not None:
-                    self._pread_run(ga + i, table[i:e], span)
-                    decoded += e - i
-                    i = e
-                    continue
-                stored = data = None
-                if offset >= 0:
-                    stored = workbuffers.lend(end - offset)
-                    data = self._pread_run(ga + i, table[i:e], stored)
-                try:
-                    for x in range(i, e):
-                        c, j = divmod(ga + x, per_row)
-                        if c != row:  # the part of row chunk c read, worked out once
-                            row, row_region = c, self._rows_region(c)
-                            lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
-                            dest, local = (
-                                slice(lo - start, hi - start),
-                                slice(lo - c * rows, hi - c * rows),
-                            )
-                            row_edge = row_region.stop - row_region.start < rows
-                        region = self._rest[j][1]
-                        into = None  # where chunk x is decoded in place (None: copied out)
-                        if slots is not None:
-                            into = slots[x]
-                        elif whole_rows and hi - lo == rows:
-                            into = out[dest]
-                        o, n, m = table[x]
-                        if data is None:  # never written: the fill value, as HDF5 reads it
-                            values = self._fill_chunk()[
-                                tuple(slice(0, r.stop - r.start) for r in (row_region, *region))
-                            ]
-                        else:
-                            target = into
-                            if into is None and self._decoder(m).writes_into:
-                                if scratch is None:
-                                    scratch = workbuffers.lend(nbytes)
-                                target = scratch[:nbytes]
-                            at = o - offset
-                            values, ours = self._decode(
-                                ga + x,
-                                data[at : at + n],
-                                m,
-                                (row_region, *region),
-                                target,
-                                row_edge or self._rest_edge[j],
-                            )
-                            decoded += ours
-                        if into is None:
-                            out[(dest, *region)] = values[local]
-                        elif not np.may_share_memory(values, into):
-                            into[tuple(slice(0, length) for length in values.shape)] = values
-                finally:
-                    workbuffers.give(stored)
-                i = e
-        finally:
-            workbuffers.give(scratch)
-            if decoded:
-                with self._lock:
-                    self.decoded += decoded
-
-    def _coords(self, g: int) -> Coords:
-        """The coordinates of chunk ``g`` of the flattened chunk grid."""
-        c, j = divmod(g, len(self._rest))
-        return (c, *self._rest[j][0])
+    @functools.cached_property
+    def _boxes(self) -> ChunkBoxes | None:
+        """For chunks that split rows: those of a row chunk decoded side by side a box at a time
+        (at most a few MiB, to stay in the CPU's caches) and copied out together."""
+        if len(self._rest) == 1:
+            return None
+        return ChunkBoxes(self.shape, self.chunks, STAGE_BYTES // self.nbytes)
 
     def read(self, indices: npt.NDArray[np.int64], out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``indices`` (sorted, unique), in ``out`` if given, else in a new array. Every
@@ -476,11 +72,187 @@ class ChunkFile:
                     out[(slice(a, b), *region)] = chunk[rows]
         return out
 
+    def read_range_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``[start, stop)`` into ``out`` (shape ``(stop - start, *shape[1:])``)."""
+        self.read_pieces_into(start, stop, 0, self.range_pieces(start, stop), out)
 
-def _stage_problem(exc: StageError) -> str:
-    """What is wrong with a chunk whose decoding failed with ``exc``."""
-    if isinstance(exc.error, ChecksumError):
-        return f"fails its fletcher32 checksum ({exc.error})"
-    if exc.stage is None:
-        return f"has the wrong size ({exc.error})"
-    return f"cannot be decoded by its {exc.stage.name} filter ({exc.error})"
+    def range_pieces(self, start: int, stop: int) -> int:
+        """Chunks that rows ``[start, stop)`` touch: each is one piece of reading them, in the
+        chunk grid's C order (row chunk by row chunk)."""
+        rows = self.chunks[0]
+        return ((stop - 1) // rows - start // rows + 1) * len(self._rest)
+
+    def read_pieces_into(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray
+    ) -> None:
+        """Read and decode pieces ``[first, last)`` (chunks, see :meth:`range_pieces`) of rows
+        ``[start, stop)`` into their parts of ``out``, which holds those rows.
+
+        The hot path of block reads, so the work per chunk that holds the GIL is kept small:
+        chunks stored one after another are read with one ``preadv`` (straight into ``out`` when
+        they are whole rows stored unfiltered), and chunks that split rows are decoded side by
+        side a box of the chunk grid at a time and copied out with a few copies per box
+        (:class:`.chunkboxes.ChunkBoxes`), each giving the GIL away once, not once per chunk.
+        """
+        start, stop, first, last = int(start), int(stop), int(first), int(last)
+        rows, per_row = self.chunks[0], len(self._rest)
+        origin = start // rows * per_row  # piece 0's index in the flattened chunk grid
+        boxes = self._boxes
+        if boxes is None:
+            self._read_chunks(start, stop, origin + first, origin + last, out, None)
+            return
+        piece = first
+        while piece < last:  # a row chunk's chunks side by side, a box of a few MiB at a time
+            across = piece % per_row  # the piece's place among its row chunk's chunks
+            box = boxes.box(across, min(per_row, across + last - piece))
+            if box.size == 1:
+                self._read_chunks(start, stop, origin + piece, origin + piece + 1, out, None)
+            else:
+                self._read_box(start, stop, origin + piece, box, out)
+            piece += box.size
+
+    def _read_box(self, start: int, stop: int, chunk: int, box: Any, out: np.ndarray) -> None:
+        """The chunks of ``box``, from chunk ``chunk`` of the flattened grid on, decoded side by
+        side into a lent buffer and copied out into their rows of ``out`` together."""
+        staged = workbuffers.lend(box.size * self.nbytes)
+        try:
+            slots = staged[: box.size * self.nbytes].view(self.dtype)
+            slots = slots.reshape(box.size, *self.chunks)
+            self._read_chunks(start, stop, chunk, chunk + box.size, out, slots)
+            rows, row_chunk = self.chunks[0], chunk // len(self._rest)
+            lo, hi = max(start, row_chunk * rows), min(stop, (row_chunk + 1) * rows)
+            local = slice(lo - row_chunk * rows, hi - row_chunk * rows)
+            boxes = self._boxes
+            assert boxes is not None  # a box is of chunks that split rows
+            boxes.copy_out(box, slots, local, out[lo - start : hi - start])
+        finally:
+            workbuffers.give(staged)
+
+    def _read_chunks(
+        self, start: int, stop: int, first: int, last: int, out: np.ndarray, slots: Any
+    ) -> None:
+        """Chunks ``first .. last - 1`` (indices into the flattened chunk grid) of the read of
+        rows ``[start, stop)``: each decoded into its slot of ``slots`` (an array of chunks) when
+        given, else into its part of ``out``. Chunks stored one after another are read as one
+        run; a run stored as it is goes straight where it belongs."""
+        table = self._table[first:last].tolist()  # [offset, size, filter mask] of each chunk
+        # Chunks of whole rows all inside [start, stop) are decoded straight into `out`.
+        into_out = self._whole_rows and slots is None and out.flags.c_contiguous
+        read = _BlockRead(start, stop, first, out, slots, into_out)
+        try:
+            at = 0
+            while at < len(table):
+                end, as_stored = self._run(table, at)
+                span = read.span(at, end, self.chunks[0]) if as_stored else None
+                if span is not None:
+                    self._pread_run(first + at, table[at:end], span)
+                    read.decoded += end - at
+                else:
+                    self._decode_run(read, table, at, end)
+                at = end
+        finally:
+            workbuffers.give(read.scratch)
+            if read.decoded:
+                with self._lock:
+                    self.decoded += read.decoded
+
+    def _run(self, table: Table, at: int) -> tuple[int, bool]:
+        """Where the run of chunks from ``table[at]`` on ends: those stored one after another,
+        at most :data:`RUN_BYTES` together (a chunk never written is a run of its own); and
+        whether each is stored as it is (every filter skipped, its raw size)."""
+        offset, size, mask = table[at]
+        if offset < 0:
+            return at + 1, False
+        skipped, nbytes, count = self._skip_all, self.nbytes, len(table)
+        as_stored = mask & skipped == skipped and size == nbytes
+        end, stored_end = at + 1, offset + size
+        while end < count:
+            next_offset, size, mask = table[end]
+            if next_offset != stored_end or stored_end + size - offset > RUN_BYTES:
+                break
+            end, stored_end = end + 1, stored_end + size
+            as_stored = as_stored and mask & skipped == skipped and size == nbytes
+        return end, as_stored
+
+    def _decode_run(self, read: _BlockRead, table: Table, at: int, end: int) -> None:
+        """Chunks ``table[at:end]`` (one run), read with one call into a lent buffer, each decoded
+        into its slot or its place in the output (a chunk never written: the fill value)."""
+        offset = table[at][0]
+        stored = data = None
+        if offset >= 0:
+            stored = workbuffers.lend(table[end - 1][0] + table[end - 1][1] - offset)
+            data = self._pread_run(read.first + at, table[at:end], stored)
+        rows, per_row, nbytes = self.chunks[0], len(self._rest), self.nbytes
+        rest, rest_edge, slots, out = self._rest, self._rest_edge, read.slots, read.out
+        first, start, stop, into_out = read.first, read.start, read.stop, read.into_out
+        scratch, decoded = read.scratch, 0
+        row_chunk, row_region, dest, local, row_edge, whole = read.row
+        try:
+            for x in range(at, end):
+                c, across = divmod(first + x, per_row)
+                if c != row_chunk:  # the part of row chunk c read, worked out once
+                    row_chunk, row_region = c, self._rows_region(c)
+                    lo, hi = max(start, c * rows), min(stop, (c + 1) * rows)
+                    dest, local = slice(lo - start, hi - start), slice(lo - c * rows, hi - c * rows)
+                    row_edge, whole = row_region.stop - row_region.start < rows, hi - lo == rows
+                region = rest[across][1]
+                into = None  # where the chunk is decoded in place (None: copied out)
+                if slots is not None:
+                    into = slots[x]
+                elif into_out and whole:
+                    into = out[dest]
+                at_offset, size, mask = table[x]
+                if data is None:  # never written: the fill value, as HDF5 reads it
+                    sized = tuple(slice(0, r.stop - r.start) for r in (row_region, *region))
+                    values = self._fill_chunk()[sized]
+                else:
+                    target = into
+                    if into is None and self._decoder(mask).writes_into:
+                        scratch = workbuffers.lend(nbytes) if scratch is None else scratch
+                        target = scratch[:nbytes]
+                    piece = data[at_offset - offset : at_offset - offset + size]
+                    edge = row_edge or rest_edge[across]
+                    values, ours = self._decode(
+                        first + x, piece, mask, (row_region, *region), target, edge
+                    )
+                    decoded += ours
+                if into is None:
+                    out[(dest, *region)] = values[local]
+                elif not np.may_share_memory(values, into):
+                    into[tuple(slice(0, length) for length in values.shape)] = values
+        finally:
+            read.row = (row_chunk, row_region, dest, local, row_edge, whole)
+            read.scratch, read.decoded = scratch, read.decoded + decoded
+            workbuffers.give(stored)
+
+    def _rows_region(self, c: int) -> slice:
+        rows = self.chunks[0]
+        return slice(c * rows, min((c + 1) * rows, self.shape[0]))
+
+
+class _BlockRead:
+    """Where one call of :meth:`ChunkFile._read_chunks` puts its chunks, and what it holds."""
+
+    __slots__ = ("decoded", "first", "into_out", "out", "row", "scratch", "slots", "start", "stop")
+
+    def __init__(
+        self, start: int, stop: int, first: int, out: np.ndarray, slots: Any, into_out: bool
+    ) -> None:
+        self.start, self.stop = start, stop  # the rows read
+        self.first = first  # the first chunk's index in the flattened chunk grid
+        self.out, self.slots, self.into_out = out, slots, into_out
+        self.scratch: np.ndarray | None = None  # a lent buffer a chunk is decoded into
+        self.decoded = 0  # chunks decoded (or read as stored)
+        # The row chunk read last: its index, region, rows in `out` and in the chunk, whether it
+        # reaches past the dataset's end, whether the read covers it whole.
+        self.row: tuple[Any, ...] = (-1, None, None, None, False, False)
+
+    def span(self, at: int, end: int, rows: int) -> np.ndarray | None:
+        """Where chunks ``at .. end - 1`` of the read go as they are stored: their slots, or
+        their rows of the output when they are whole rows all inside it; None: elsewhere."""
+        if self.slots is not None:
+            return self.slots[at:end]  # type: ignore[no-any-return]
+        first_row, end_row = (self.first + at) * rows, (self.first + end) * rows
+        if self.into_out and first_row >= self.start and end_row <= self.stop:
+            return self.out[first_row - self.start : end_row - self.start]
+        return None
