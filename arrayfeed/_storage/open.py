@@ -4,8 +4,8 @@ Everything outside :mod:`arrayfeed._storage` reaches storage through these funct
 capability protocols of :mod:`.base`. Each is a loop over the format registry
 (:func:`.registry.backends`): the backend that claims a location by its name, else the one that
 detects it by what it holds, opens it, lists it, describes it or reads its record; the backends
-that read elements encoded inside another family's files (AnnData's) are asked first. No format
-is named here.
+that read elements encoded inside another family's files (AnnData's) are asked first. Formats are
+named here only in the messages for a path that no backend knows.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ attribute :data:`MARKER` (``"arrayfeed"``) of its root (HDF5: a JSON string on t
 Zarr: a JSON object in the root group's attributes). Its ``complete`` field is the completeness
 marker: a Zarr array, or a group above it, whose ``"arrayfeed"`` attribute holds
 ``{"complete": true}`` was written with every chunk stored, so a missing chunk there is
-corruption, not fill values (:func:`marked_complete`). Each format module reads and writes the
-attribute; this module alone defines what it holds.
+corruption, not fill values (:func:`marked_complete`). Each format's subpackage reads and writes
+the attribute; this module alone defines what it holds.
 """
 
 from __future__ import annotations

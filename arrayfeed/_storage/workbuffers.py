@@ -2,10 +2,8 @@
 
 A fresh buffer of a chunk's size is not free: once a ``from_generator`` iterator exists, glibc
 maps every allocation of 128 KiB or more anew and unmaps it when it is freed, so a reader that
-allocated per chunk page-faulted every byte it decoded (measured through tf.data, 2 threads,
-12 KiB rows: 3.2 page faults per row and three quarters of the time in the kernel for Zarr,
-5.5 per row for HDF5 written by ``convert``). Readers take buffers here and give them back once
-the chunk is copied out.
+allocated per chunk page-faulted every byte it decoded (docs/performance.md, "Work buffers").
+Readers take buffers here and give them back once the chunk is copied out.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ from .._forks import renew_after_fork
 __all__ = ["MIN_BYTES", "WorkBuffers", "give", "lend", "work"]
 
 #: Smaller buffers are allocated per read: glibc serves them from its heap even at the mmap
-#: threshold TensorFlow sets (128 KiB), and lending them cost more than it saved (HDF5 chunks of
-#: 94 KiB, 2 threads: ~10 % slower lent).
+#: threshold TensorFlow sets, and lending them cost more than it saved.
 MIN_BYTES = 128 << 10
 
 

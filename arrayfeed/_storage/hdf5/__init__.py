@@ -6,9 +6,10 @@
   :class:`~.source.H5Source`, reopened by file name in every process;
 - :mod:`.layout`: what reading a chunked dataset's raw chunks needs, asked of h5py once, or why
   they are read through h5py instead;
-- :mod:`.chunks`: raw chunks read with ``os.pread`` and decoded outside h5py's lock
-  (:class:`~.chunks.ChunkFile`), :mod:`.blockreads` the block reads over runs of chunks,
-  :mod:`.chunkboxes` chunks that split rows copied out a box at a time;
+- :mod:`.rawchunks`: raw chunks read with ``os.pread`` and decoded outside h5py's lock, one
+  at a time or a run at a time; :mod:`.chunks`: rows read from them
+  (:class:`~.chunks.ChunkFile`: batches, and blocks over runs of chunks), and :mod:`.chunkboxes`:
+  chunks that split rows copied out a box at a time;
 - :mod:`.codecs` and :mod:`.compressors`: HDF5's filters decoded exactly, or not at all;
 - :mod:`.cf`: netCDF/CF-packed variables decoded as xarray decodes them;
 - :mod:`.describe`: layout facts for ``inspect`` and ``bench``;

@@ -10,8 +10,9 @@ form a box of the grid when they start at a whole number of trailing sub-grids; 
 side into one buffer they are copied out together: one copy per box, or, where trailing axes
 have chunks one element wide (the channels above), one copy that moves each channel's chunks
 together in wide words and then one long strided copy per channel. A single copy would move one
-element at a time between chunks (measured 2 times slower than a copy per channel), and a copy
-per channel straight from the chunks 1.6 times slower than the two steps.
+element at a time between chunks, and a copy per channel straight from the chunks moves short
+runs with strides between them: both are slower than the two steps (docs/performance.md,
+"Chunk boxes").
 
 Pure NumPy, no I/O: :class:`ChunkBoxes` plans which chunks are staged together and copies a
 staged box out; the storage readers decode into the buffer it describes.
@@ -105,11 +106,10 @@ class ChunkBoxes:
         if tail in (0, d):  # chunks' rows in one run each, or one element wide everywhere
             into[...] = values
             return
-        # Chunks one element wide along the trailing axes (an image's channels): a copy per
-        # channel straight from the chunks moves runs of a few elements with a stride between
-        # them (1.6 times slower than below on 3,750 rows of 64 x 64 x 3 tiles in chunks of 4 x 8 x 1). First the chunks of each channel are moved
-        # together, in whole runs as wide words (one run is often one word); then each
-        # channel is one long strided copy.
+        # Chunks one element wide along the trailing axes (an image's channels): the chunks of
+        # each channel are first moved together, in whole runs as wide words (one run is often
+        # one word), then each channel is one long strided copy; straight from the chunks, a copy
+        # per channel moves runs of a few elements with a stride between them, which is slower.
         squeeze = (slice(None),) * lead + (slice(None), 0) * (d - tail)
         front = np.moveaxis(values[squeeze], range(lead, lead + d - tail), range(d - tail))
         run = self.chunks[tail] * values.dtype.itemsize  # bytes of a chunk's innermost run

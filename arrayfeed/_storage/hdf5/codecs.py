@@ -1,4 +1,4 @@
-"""HDF5 filter pipelines decoded outside HDF5, for chunks read raw (see :mod:`.h5chunks`).
+"""HDF5 filter pipelines decoded outside HDF5, for chunks read raw (see :mod:`.rawchunks`).
 
 h5py runs every HDF5 call under one global lock, decompression included, so reader threads
 never decode two chunks at once through it. The decoders here run in the calling thread and
@@ -6,23 +6,20 @@ release the GIL while they work, so chunks decode on as many cores as there are 
 They reproduce HDF5's filters exactly or not at all: :func:`pipeline` returns a reason string
 for any filter, option or codec library it does not cover, and the caller reads through h5py.
 
-Libraries, chosen by measuring (2 idle cores, 1 MiB chunks) two threads decoding against one,
-and a Python thread spinning beside a decoding thread (full speed: the decoder releases the GIL):
+Libraries, chosen by measuring two threads decoding against one, and a Python thread spinning
+beside a decoding thread (docs/performance.md, "HDF5 decoders"): each below scales with threads and
+leaves the spinner at full speed, as it releases the GIL.
 
 - deflate: ``libdeflate`` through ``imagecodecs`` when the extra below is installed, into a given
-  buffer (1.59x ``zlib`` on the 120 KB chunks h5py's ``chunks=True`` cuts for images: 6.6 k
-  against 4.2 k chunks/s; 2 threads 2.00x one; spinner at full speed), else the standard
-  library's ``zlib`` (2 threads 1.96x one; spinner at full speed). Both ignore bytes after the
-  zlib stream, as HDF5 does, and yield what the stream holds, so a short one is caught;
-- zstd, blosc: ``numcodecs``, already a dependency (zstd 1.95x; both leave the spinner at
-  full speed);
-- lzf, lz4 (HDF5's framing), bitshuffle: ``imagecodecs`` (lzf 1.93x; spinner at full speed for
-  all three). It is a large wheel (26 MB, many codecs), so it is the optional extra
-  ``arrayfeed[hdf5-codecs]``; without it those filters are read through h5py, correctly but
-  on one core. ``python-lzf`` was rejected: it holds the GIL while it decodes (2 threads
-  0.96x one; the spinner slowed to 0.4x);
-- shuffle and fletcher32: NumPy here (whole-array operations, which release the GIL;
-  fletcher32 checks about 6 GB/s).
+  buffer (faster than ``zlib`` per chunk), else the standard library's ``zlib``. Both ignore
+  bytes after the zlib stream, as HDF5 does, and yield what the stream holds, so a short one is
+  caught;
+- zstd, blosc: ``numcodecs``, already a dependency;
+- lzf, lz4 (HDF5's framing), bitshuffle: ``imagecodecs``. It is a large wheel (many codecs), so
+  it is the optional extra ``arrayfeed[hdf5-codecs]``; without it those filters are read through
+  h5py, correctly but on one core. ``python-lzf`` was rejected: it holds the GIL while it
+  decodes, so a second thread gains nothing and slows the spinner;
+- shuffle and fletcher32: NumPy here (whole-array operations, which release the GIL).
 """
 
 from __future__ import annotations
@@ -109,8 +106,8 @@ def fletcher32(data: Buffer) -> int:
     """HDF5's Fletcher-32 checksum of ``data`` (``H5_checksum_fletcher32``), bit for bit.
 
     Computed by ``imagecodecs.h5checksum_fletcher32`` (HDF5's own C code, without the GIL) when
-    the ``hdf5-codecs`` extra is installed: 5.1 GB/s against 1.8 GB/s for the NumPy passes below
-    on 192 KiB chunks, where checking it made an lzf-stored L epoch 2.5x slower.
+    the ``hdf5-codecs`` extra is installed: the NumPy passes below are a few times slower, enough
+    to slow an epoch of lzf-stored large rows (docs/performance.md, "HDF5 decoders").
 
     HDF5 sums big-endian 16-bit words (an odd last byte is the high byte of a last word) with
     end-around-carry folding, which keeps each sum congruent modulo 65535 and positive once any
@@ -333,5 +330,5 @@ class ChunkDecoder:
         return data
 
 
-#: Byte order HDF5 writes native data in on this machine (for :mod:`.h5chunks`).
+#: Byte order HDF5 writes native data in on this machine (for :mod:`.rawchunks`).
 NATIVE = "<" if sys.byteorder == "little" else ">"

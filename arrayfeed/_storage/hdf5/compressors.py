@@ -1,7 +1,7 @@
 """HDF5's compression filters decoded outside HDF5: deflate, zstd, blosc, lzf, lz4, bitshuffle.
 
 Each ``_stage``-style factory returns a decoder (``decode(data, size)``) or the reason there is
-none here; :mod:`.h5codecs` puts them in pipelines with the shuffle and fletcher32 filters and
+none here; :mod:`.codecs` puts them in pipelines with the shuffle and fletcher32 filters and
 says which library decodes what, and why.
 """
 

@@ -1,6 +1,6 @@
 """What reading a chunked HDF5 dataset's raw chunks needs, asked of h5py once.
 
-:meth:`ChunkLayout.of` describes a dataset whose raw chunks :mod:`.h5chunks` can decode exactly
+:meth:`ChunkLayout.of` describes a dataset whose raw chunks :mod:`.rawchunks` can decode exactly
 as HDF5 does, or says why not (a string), and the caller reads through h5py instead;
 :func:`chunk_index` lists where every chunk lies in the file.
 """

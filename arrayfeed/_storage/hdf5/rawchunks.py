@@ -152,7 +152,7 @@ class RawChunks:
     @contextlib.contextmanager
     def _chunk(self, coords: Coords, region: tuple[slice, ...]) -> Iterator[np.ndarray]:
         """The part of chunk ``coords`` in ``region``, decoded, while the block runs: it may lie
-        in work buffers (:mod:`.workbuffers`) that are lent to other reads afterwards."""
+        in work buffers (:mod:`..workbuffers`) that are lent to other reads afterwards."""
         offset = int(self.offsets[coords])
         if offset < 0:  # never written: the fill value, as HDF5 reads it
             yield self._fill_chunk()[tuple(slice(0, r.stop - r.start) for r in region)]

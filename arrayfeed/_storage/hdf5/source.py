@@ -156,8 +156,8 @@ class H5Source:
         run = run_bounds(indices)
         if run is not None:
             return np.asarray(self._view[run[0] : run[1]])
-        # h5py's point selection grows superlinearly with the number of indices (measured: 8192
-        # sorted indices in one call ~50x slower than in pieces of 256), so read in pieces.
+        # h5py's point selection grows superlinearly with the number of indices, so read in
+        # pieces (docs/performance.md, "h5py point selection").
         out = np.empty((len(indices), *self._shape[1:]), dtype=self._dtype)
         for lo in range(0, len(indices), _H5_PIECE):
             piece = indices[lo : lo + _H5_PIECE]

@@ -20,7 +20,7 @@ __all__ = ["H5Writer", "open_written"]
 
 class H5Writer:
     """Writes one dataset per name into a new HDF5 file, and each of ``sparse`` as AnnData's
-    ``csr_matrix`` group (see :class:`~.base.Writer`; its components are written as arrays
+    ``csr_matrix`` group (see :class:`~..layout.Writer`; its components are written as arrays
     named ``NAME/data``, ``NAME/indices``, ``NAME/indptr``)."""
 
     def __init__(

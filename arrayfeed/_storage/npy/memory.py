@@ -114,14 +114,10 @@ class MappedSource(ArraySource):
         return self._shape[0] if self._shape else 0
 
     def gather_into(self, indices: Indices, out: np.ndarray) -> None:
-        # One gather through the map per call: a single native call that copies every row with
-        # the GIL released, whatever the row size. The alternative, one `preadv` per run of rows
-        # (about one per row of a shuffled batch), made many short GIL hand-offs that convoy with
-        # more threads: measured on 12 KiB rows, 183 k rows/s with 1 thread and 200 k with 2,
-        # against 629 k and 936 k through the map on the 2-core development machine, and 4x
-        # slower at 16 threads than at 1 on a 16-core host (where the map gathers 1.44 M rows/s).
-        # A file truncated under the map would end the process with SIGBUS, so its size is
-        # checked first (one fstat): a file cut before the read is a named error.
+        # One gather through the map per call, the GIL released for every row: one `preadv` per
+        # run of rows convoys many short GIL hand-offs across threads (docs/performance.md,
+        # "Memory-mapped gathers"). A file truncated under the map would end the process with
+        # SIGBUS, so its size is checked first (one fstat): a file cut short is a named error.
         if len(indices):
             self._check_size(int(indices.max()))
         np.take(self.array, indices, axis=0, out=out, mode="clip")

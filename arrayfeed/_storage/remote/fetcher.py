@@ -29,7 +29,7 @@ __all__ = ["ATTEMPTS", "BACKOFF", "CACHE_BYTES", "IN_FLIGHT", "Fetcher", "sync_f
 IN_FLIGHT = 64
 #: Tries of one request before a transient failure becomes an error (the first included).
 ATTEMPTS = 5
-#: Seconds before the first retry; doubled for each further one, with up to 50 % jitter.
+#: Seconds before the first retry; doubled for each further one, plus a random part of up to half.
 BACKOFF = 0.1
 #: Bytes of fetched objects a :class:`Fetcher` keeps (``ARRAYFEED_REMOTE_CACHE_BYTES`` overrides).
 CACHE_BYTES = 512 << 20

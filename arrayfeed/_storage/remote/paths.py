@@ -1,4 +1,4 @@
-"""URLs and their filesystems: ``s3://``, ``gs://``, ``az://``, ``http(s)://`` or any fsspec protocol.
+"""URLs and their filesystems: ``s3://``, ``gs://``, ``az://``, ``http(s)://``, any fsspec protocol.
 
 ``fsspec`` (and ``s3fs`` for S3) are optional (``pip install "arrayfeed[remote]"``) and imported
 only on first use: a URL without them is a :class:`~arrayfeed.SourceUnavailableError` that says

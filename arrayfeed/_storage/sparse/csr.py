@@ -15,8 +15,8 @@ Reading a batch of sorted, unique rows takes a few whole-batch reads:
 2. the ranges ``[indptr[r], indptr[r + 1])`` of ``data`` and ``indices``: gathered in one call
    from memory or a memory map, else read as *spans*, ranges less than a chunk (at least
    :data:`MERGE_GAP_BYTES`) apart merged into one storage read (:func:`.rows.plan_spans`, pure);
-3. the values scattered into a zeroed dense buffer (:func:`.rows.scatter`); entries repeated within a
-   row are summed, as ``scipy.sparse`` does.
+3. the values scattered into a zeroed dense buffer (:func:`.rows.scatter`); entries repeated
+   within a row are summed, as ``scipy.sparse`` does.
 
 Dense rows have the dtype of ``data`` (in the native byte order). ``read_csr`` returns the batch's
 nonzeros instead (``sparse=True``). Nothing ever reads more of ``data`` or ``indices`` than the
@@ -175,7 +175,7 @@ class CSRSource:
 
     def read_csr(self, indices: Indices) -> tuple[Indices, Indices, np.ndarray]:
         """The nonzeros of sorted, unique rows ``indices`` as a canonical CSR batch
-        ``(indptr, cols, values)`` (see :class:`~.base.SparseRows`)."""
+        ``(indptr, cols, values)`` (see :class:`~..base.SparseRows`)."""
         rows, cols, values = self._entries(indices)
         return canonical(rows, cols, values, len(indices), self._shape[1])
 
@@ -198,7 +198,7 @@ class CSRSource:
 
     def read_stored(self, indices: Indices) -> tuple[Indices, Indices, np.ndarray]:
         """The stored entries of sorted, unique rows ``indices``: ``(lengths, cols, values)``,
-        columns sorted within each row, repeated entries kept (see :class:`~.base.SparseRows`)."""
+        columns sorted within each row, repeated entries kept (see :class:`~..base.SparseRows`)."""
         rows, cols, values = self._entries(indices)
         keys = rows * max(self._shape[1], 1) + cols
         if len(keys) > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
@@ -347,11 +347,8 @@ def csr_source(
     (:class:`CSRGatherSource`) when ``data`` and ``indices`` are in memory, memory-mapped, or
     stored uncompressed in chunks of at most :data:`GATHER_CHUNK_BYTES`; else one whose reads
     cost whole chunks (``shuffle="block"`` then reads chunk-aligned windows through the window
-    cache).
-
-    Measured (``benchmarks/bench_sparse.py``, 20,000 x 2,000 at 2 %, 2 cores): an ``.h5ad``
-    with h5py's 25 KB chunks streamed 2.0x (full shuffle) and 1.3x (block) faster gathered;
-    a Zarr store with 400 KB chunks 1.5x slower gathered with ``shuffle="block"``.
+    cache). Small chunks stream faster gathered, large ones through windows
+    (docs/performance.md, "Sparse rows gathered or read by windows").
     """
     if all(_gathers(part) for part in (data, indices)):
         return CSRGatherSource(data, indices, indptr, shape, name=name)
@@ -362,9 +359,7 @@ def _gathers(part: Source) -> bool:
     """Whether reading any span of ``part`` costs about what it holds: in memory, mapped, or in
     small chunks that are not decoded. A compressed chunk costs a whole decode per batch that
     touches it, so ``shuffle="block"`` is faster through windows, which decode each chunk once
-    per epoch: measured on ``convert``'s HDF5 output (80 KB chunks, 20,000 x 2,000 at 2 %, 2
-    cores), block 192 k -> 338-399 k rows/s (lzf) and 173 k -> 431-442 k (gzip); the full
-    shuffle, slow either way, 172 k -> 133-156 k (lzf) and 147 k -> 140-151 k (gzip)."""
+    per epoch (docs/performance.md, "Sparse rows gathered or read by windows")."""
     if isinstance(part, GatherInto):
         return True
     if isinstance(part, Encoded) and part.encoded:

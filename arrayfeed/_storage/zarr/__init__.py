@@ -5,7 +5,8 @@
 - :mod:`.source`: :class:`~.source.ZarrSource` over a ``zarr.Array``;
 - :mod:`.chunks`: unsharded arrays read chunk by chunk in the reader's own thread
   (:class:`~.chunks.ChunkReader`), with the decoders of :mod:`.codecs`;
-- :mod:`.strict`: missing chunks as errors in stores written complete (:class:`~.strict.StrictStore`);
+- :mod:`.strict`: missing chunks as errors in stores written complete
+  (:class:`~.strict.StrictStore`);
 - :mod:`.errors`: what goes wrong, named (the store, the chunk, the fix);
 - :mod:`.describe`: layout facts for ``inspect`` and ``bench``, and the conversion record;
 - :mod:`.write`: the writer of ``convert``, locally or on object storage (where the record

@@ -1,24 +1,23 @@
-"""Reading rows of a local Zarr array chunk by chunk, in the calling thread.
+"""Reading rows of a Zarr array chunk by chunk, in the calling thread.
 
 zarr-python 3 runs every read on its own event loop thread and hands file reads and decoding to
 further threads. Each hand-over needs the GIL, and while a training loop holds it each one can
-wait a whole switch interval (5 ms): measured on this project's benchmark data, reading an
-uncompressed store took 0.49 s alone and 14 s next to a thread spinning in Python. For the common
-case, an unsharded array in a local directory (Zarr v3 with a ``bytes`` serializer and standard
-compressors, or Zarr v2 in C order without filters), :class:`ChunkReader` reads chunk files and
-decodes them in the reader thread (``numcodecs`` releases the GIL while it decompresses), with the
-semantics of Zarr's own reads:
-missing chunks are the fill value, or an error when the store is strict.
+wait a whole switch interval (docs/performance.md, "Zarr reads in the calling thread"). For the
+common case, an unsharded array in a local directory (Zarr v3 with a ``bytes`` serializer and
+standard compressors, or Zarr v2 in C order without filters), :class:`ChunkReader` reads chunk
+files and decodes them in the reader thread (``numcodecs`` releases the GIL while it
+decompresses), with the semantics of Zarr's own reads: missing chunks are the fill value, or an
+error when the store is strict.
 
-Local chunk files are read into reused work buffers (:mod:`.workbuffers` says why), the CRC-32C
+Local chunk files are read into reused work buffers (:mod:`..workbuffers` says why), the CRC-32C
 of a chunk is checked where it lies, and Blosc and Zstandard chunks decode into a reused buffer
 when their frame declares exactly a chunk's size. Chunks of whole rows stored as they are (no
 compressor, a trailing CRC-32C at most: what ``arrayfeed convert`` writes by default) that a
 block read covers whole are read straight into its output, with no copy.
 
 Arrays on object storage (Zarr's ``FsspecStore``: ``s3://`` …) are read the same way, except
-that chunk objects come from a :class:`~.remote.Fetcher`: every chunk a read touches (a whole
-window of blocks, with :meth:`ChunkReader.prefetch`) is requested at once, many requests in
+that chunk objects come from a :class:`~..remote.fetcher.Fetcher`: every chunk a read touches (a
+whole window of blocks, with :meth:`ChunkReader.prefetch`) is requested at once, many requests in
 flight on the filesystem's event loop, and each is decoded in the reader thread that needs it.
 :meth:`ChunkReader.of` returns None for anything else, and the caller reads through Zarr.
 """
@@ -378,8 +377,8 @@ class ChunkReader:
                 return None, None
             size = st.st_size
             if size < workbuffers.MIN_BYTES:
-                # One `pread` of a byte more than the file holds (a file object per chunk cost
-                # 8 us with the GIL held, this 4): a file that grew is read to its end.
+                # One `pread` of a byte more than the file holds, not a file object (half the GIL
+                # time per chunk): a file that grew is read to its end.
                 data = os.pread(fd, size + 1, 0)
                 return memoryview(data if len(data) == size else _read_rest(fd, data)), None
             # At least one byte more than the file holds: a file that grew is seen.

@@ -1,6 +1,6 @@
 """Zarr codecs decoded in the reader thread: ``numcodecs`` compressors and the CRC-32C.
 
-What :class:`.zarrchunks.ChunkReader` runs on a chunk's stored bytes, in decoding order: a
+What :class:`.chunks.ChunkReader` runs on a chunk's stored bytes, in decoding order: a
 compressor's decoder (Blosc and Zstandard into a reused buffer when their frame declares exactly a
 chunk's size), and Zarr v3's trailing CRC-32C, checked outside the GIL when the ``crc32c``
 package (the ``zarr-crc32c`` extra) is there. Also the codec names ``inspect`` shows.

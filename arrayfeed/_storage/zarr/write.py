@@ -7,7 +7,7 @@ makes the guarantee instead:
 1. whatever is at the output (a store a conversion did not finish, or, with ``overwrite``, any
    Zarr store) is removed;
 2. the root group is written first, carrying the conversion record with ``complete: false``
-   (:func:`~.record.marker_state`): readers refuse such a store (``ZarrSource``);
+   (:func:`~..record.marker_state`): readers refuse such a store (``ZarrSource``);
 3. the arrays and every chunk;
 4. after the copy is read back and verified, the record with ``complete: true``
    (:func:`mark_complete`), the last object written.
@@ -59,7 +59,7 @@ def _zarr_compressors(compression: str) -> Any:
 
 class ZarrWriter:
     """Writes one array per name into a new Zarr v3 group, every chunk stored, and each of
-    ``sparse`` as AnnData's ``csr_matrix`` group (see :class:`~.base.Writer`; its components are
+    ``sparse`` as AnnData's ``csr_matrix`` group (see :class:`~..layout.Writer`; its components are
     written as arrays named ``NAME/data``, ``NAME/indices``, ``NAME/indptr``). The group carries
     a record marked incomplete until :meth:`finish` (or :func:`mark_complete`) replaces it."""
 
