@@ -1,10 +1,13 @@
 """The package layout's rules, checked on the source: who may import what.
 
 - ``h5py``, ``zarr``, ``numcodecs`` and the object-storage clients (``fsspec``, ``s3fs``) are
-  imported only inside ``arrayfeed/_storage``;
+  imported only inside ``arrayfeed/_storage`` (its format subpackages and ``remote``);
 - TensorFlow and Keras only in the tf.data glue and the Keras / tf.distribute helpers;
 - code outside the storage layer imports it only through ``arrayfeed._storage`` (its public
   functions and capability protocols) and never names a concrete source class;
+- every subpackage of ``arrayfeed._storage`` but ``remote`` (object storage, used by every
+  format) is a format family that registers exactly one backend, and each has test modules of
+  its own (``tests/test_<family>*.py``);
 - no import cycles between arrayfeed's modules, and no module over 500 lines.
 """
 
@@ -17,6 +20,10 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "arrayfeed"
+TESTS = Path(__file__).resolve().parent
+STORAGE = PACKAGE / "_storage"
+#: Subpackages of the storage layer that are not a format family.
+NOT_FORMATS = {"remote"}
 STORAGE_ONLY = {"h5py", "zarr", "numcodecs", "fsspec", "s3fs", "gcsfs", "adlfs", "aiohttp"}
 TF_MODULES = {
     "arrayfeed._pipeline.dataset",
@@ -30,8 +37,14 @@ CONCRETE_SOURCES = {
     "NpzMemberSource",
     "H5Source",
     "H5ContiguousSource",
+    "CFSource",
+    "ChunkFile",
     "ZarrSource",
     "ChunkReader",
+    "CSRSource",
+    "CSRGatherSource",
+    "DaskSource",
+    "XarraySource",
     "RemoteH5Source",
     "RemoteNpySource",
 }
@@ -93,8 +106,73 @@ def _resolve(target: str, names: list[str]) -> list[str]:
 def test_the_layout_has_the_three_parts() -> None:
     for part in ("_storage", "_pipeline", "_conversion"):
         assert f"arrayfeed.{part}" in MODULES
-    for fmt in ("npy", "hdf5", "zarr"):
+    for fmt in ("npy", "hdf5", "zarr", "sparse", "lazy"):
         assert f"arrayfeed._storage.{fmt}" in MODULES
+
+
+def _subpackages() -> list[Path]:
+    return sorted(p.parent for p in STORAGE.glob("*/__init__.py"))
+
+
+def _registrations(package: Path) -> list[int]:
+    """Lines of the package's modules that call ``register(...)``."""
+    lines = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name == "register":
+                    lines.append(node.lineno)
+    return lines
+
+
+def _backend_classes(package: Path) -> list[str]:
+    """Classes of the package whose bases name ``Backend``."""
+    found = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                (isinstance(b, ast.Name) and b.id == "Backend")
+                or (isinstance(b, ast.Attribute) and b.attr == "Backend")
+                for b in node.bases
+            ):
+                found.append(f"{path.name}:{node.name}")
+    return found
+
+
+@pytest.mark.parametrize("package", _subpackages(), ids=lambda p: p.name)
+def test_every_format_subpackage_registers_exactly_one_backend(package: Path) -> None:
+    registrations, classes = _registrations(package), _backend_classes(package)
+    if package.name in NOT_FORMATS:
+        assert not registrations and not classes, f"{package.name} is not a format"
+        return
+    assert len(classes) == 1, f"{package.name} defines backends {classes}; one per family"
+    assert len(registrations) == 1, f"{package.name} registers {len(registrations)} backends"
+    assert "register(" in (package / "__init__.py").read_text(), "register in its __init__"
+    assert ast.get_docstring(ast.parse((package / "__init__.py").read_text())), (
+        f"{package.name}/__init__.py must say what is in it"
+    )
+
+
+@pytest.mark.parametrize(
+    "module", ["arrayfeed._storage.open", "arrayfeed._storage.specs", "arrayfeed._storage.registry"]
+)
+def test_the_entry_points_name_no_format(module: str) -> None:
+    """The loops over the registry import no format family: a new format touches none of them."""
+    families = {f"arrayfeed._storage.{p.name}" for p in _subpackages()} - {
+        f"arrayfeed._storage.{n}" for n in NOT_FORMATS
+    }
+    for target, names, line in _imports(module):
+        for dep in _resolve(target, names):
+            family = next((f for f in families if dep == f or dep.startswith(f + ".")), None)
+            assert family is None, f"{module}:{line} imports {dep}"
+        assert target.split(".")[0] not in STORAGE_ONLY, f"{module}:{line} imports {target}"
+
+
+@pytest.mark.parametrize("package", _subpackages(), ids=lambda p: p.name)
+def test_every_storage_subpackage_has_test_modules_of_its_own(package: Path) -> None:
+    assert sorted(TESTS.glob(f"test_{package.name}*.py")), f"no tests/test_{package.name}*.py"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

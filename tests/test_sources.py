@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import arrayfeed as af
 from arrayfeed._dtypes import check_feedable
 from arrayfeed._pipeline.read import read_rows
 from arrayfeed._storage import GatherInto, Source, as_source
-from arrayfeed._storage.hdf5.source import H5ContiguousSource, H5Source
 from arrayfeed._storage.npy.files import NpySource
 from arrayfeed._storage.npy.memory import ArraySource
 from arrayfeed._storage.zarr.source import ZarrSource
@@ -133,118 +131,6 @@ class TestZarrGroupSource(SourceConformance):
         return af.open_array(tmp_path / "g.zarr", key="inner/a")
 
 
-@pytest.mark.parametrize("order", ["C", "F"])
-def test_large_rows_gathered_from_the_map_in_any_order(tmp_path: Path, order: str) -> None:
-    a = np.random.default_rng(0).integers(
-        0, 255, size=(50, 40, 40, 3), dtype=np.uint8
-    )  # 4.8 KB rows
-    np.save(tmp_path / "big.npy", np.asarray(a, order=order))
-    src = af.open_array(tmp_path / "big.npy")
-    for idx in ([3, 4, 5, 6, 40, 2, 2, 49, 0], list(range(50)), [49]):
-        out = np.empty((len(idx), 40, 40, 3), np.uint8)
-        src.gather_into(np.array(idx, dtype=np.int64), out)  # type: ignore[attr-defined]
-        np.testing.assert_array_equal(out, a[idx])
-
-
-def test_file_truncated_while_reading_large_rows_is_named(tmp_path: Path) -> None:
-    np.save(tmp_path / "big.npy", np.zeros((50, 8192), np.uint8))
-    src = af.open_array(tmp_path / "big.npy")
-    with open(tmp_path / "big.npy", "r+b") as f:
-        f.truncate(os.path.getsize(tmp_path / "big.npy") - 3 * 8192)
-    out = np.empty((2, 8192), np.uint8)
-    with pytest.raises(af.CorruptDataError, match=r"big\.npy' ended at byte .* truncated"):
-        src.gather_into(np.array([1, 48], dtype=np.int64), out)  # type: ignore[attr-defined]
-
-
-def test_gather_fills_any_output(tmp_path: Path) -> None:
-    a = np.random.default_rng(2).integers(0, 255, size=(30, 5000), dtype=np.uint8)
-    np.save(tmp_path / "big.npy", a)
-    src = af.open_array(tmp_path / "big.npy")
-    idx = np.array([4, 5, 6, 7, 20, 3], dtype=np.int64)
-    out = np.empty((6, 5000), np.uint8)
-    src.gather_into(idx, out)  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(out, a[idx])
-    # Strided and empty outputs are filled too, never silently skipped.
-    strided = np.zeros((12, 5000), np.uint8)[::2]
-    src.gather_into(idx, strided)  # type: ignore[attr-defined]
-    np.testing.assert_array_equal(strided, a[idx])
-    src.gather_into(np.array([], dtype=np.int64), np.empty((0, 5000), np.uint8))  # type: ignore[attr-defined]
-
-
-def test_concurrent_first_reads_open_one_file_descriptor(tmp_path: Path) -> None:
-    import threading
-
-    import psutil
-
-    np.save(tmp_path / "big.npy", np.zeros((40, 5000), np.uint8))
-    proc = psutil.Process()
-    for _ in range(20):
-        src = af.open_array(tmp_path / "big.npy")
-        before = proc.num_fds()
-        barrier = threading.Barrier(6)
-
-        def read(src: object = src, barrier: threading.Barrier = barrier) -> None:
-            barrier.wait()
-            src._file()  # type: ignore[attr-defined]
-
-        threads = [threading.Thread(target=read) for _ in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert proc.num_fds() == before + 1
-        del src, read, threads
-        assert proc.num_fds() == before
-
-
-def test_npy_is_memory_mapped_not_loaded(tmp_path: Path) -> None:
-    np.save(tmp_path / "big.npy", np.zeros((1000, 100), np.float32))
-    src = af.open_array(tmp_path / "big.npy")
-    assert isinstance(src, NpySource)
-    assert isinstance(src.array, np.memmap)
-    assert not src.array.flags.writeable
-
-
-@pytest.mark.parametrize("userblock", [0, 512])
-def test_contiguous_hdf5_is_memory_mapped(tmp_path: Path, userblock: int) -> None:
-    a = np.arange(60, dtype=">f8").reshape(20, 3)
-    with h5py.File(tmp_path / "c.h5", "w", userblock_size=userblock) as f:
-        f["x"] = a
-        f.create_dataset("chunked", data=a, chunks=(5, 3))
-        f.create_dataset("gzip", data=a, compression="gzip")
-        f.create_dataset("unwritten", shape=(20, 3), dtype="f8")
-    with h5py.File(tmp_path / "c.h5", "r") as f:
-        src = as_source(f["x"], "x")
-        assert isinstance(src, H5ContiguousSource) and isinstance(src.array, np.memmap)
-        np.testing.assert_array_equal(src.read(np.array([0, 7, 19], dtype=np.int64)), a[[0, 7, 19]])
-        for name in ("chunked", "gzip", "unwritten"):
-            assert isinstance(as_source(f[name], name), H5Source), name
-    assert isinstance(af.open_array(tmp_path / "c.h5", key="x"), H5ContiguousSource)
-    # A file opened for writing may still change under us: read through h5py then.
-    with h5py.File(tmp_path / "c.h5", "r+") as f:
-        assert isinstance(as_source(f["x"], "x"), H5Source)
-
-
-def test_h5_reads_long_index_lists_in_pieces(tmp_path: Path) -> None:
-    a = np.arange(3000 * 2).reshape(3000, 2)
-    with h5py.File(tmp_path / "a.h5", "w") as f:
-        f.create_dataset("a", data=a, chunks=(100, 2))
-    src = as_source(h5py.File(tmp_path / "a.h5", "r")["a"], "x")
-    idx = np.unique(np.random.default_rng(0).integers(0, 3000, 1500)).astype(np.int64)
-    idx = np.concatenate([idx[idx < 1000], np.arange(1000, 1600), idx[idx >= 1600]])
-    np.testing.assert_array_equal(src.read(np.unique(idx)), a[np.unique(idx)])
-
-
-def test_h5_source_reopens_by_path_after_pickle(tmp_path: Path) -> None:
-    with h5py.File(tmp_path / "a.h5", "w") as f:
-        f.create_dataset("a", data=np.arange(10), chunks=(4,))
-    src = as_source(h5py.File(tmp_path / "a.h5", "r")["a"], "x")
-    assert isinstance(src, H5Source)
-    state = src.__getstate__()
-    assert state["_dataset"] is None  # the handle is never pickled, only the path
-    assert pickle.loads(pickle.dumps(src)).read(np.array([3], dtype=np.int64)).tolist() == [3]
-
-
 def test_as_source_kinds(tmp_path: Path) -> None:
     np.save(tmp_path / "a.npy", np.arange(4))
     z = zarr.create_array(tmp_path / "z.zarr", shape=(4,), dtype="i4")
@@ -278,26 +164,6 @@ def test_open_array_errors(tmp_path: Path) -> None:
     np.save(tmp_path / "one.npy", np.arange(3))
     with pytest.raises(af.SourceNotFoundError, match="drop `key`"):
         af.open_array(tmp_path / "one.npy", key="x")
-
-
-def test_open_array_npz(tmp_path: Path) -> None:
-    np.savez(tmp_path / "a.npz", x=np.arange(5), y=np.ones(5))
-    assert af.open_array(tmp_path / "a.npz", key="x").read(
-        np.array([4], dtype=np.int64)
-    ).tolist() == [4]
-    with pytest.raises(af.SourceNotFoundError, match="holds"):
-        af.open_array(tmp_path / "a.npz", key="z")
-
-
-def test_truncated_and_corrupt_npy_name_the_file(tmp_path: Path) -> None:
-    np.save(tmp_path / "t.npy", np.arange(1000, dtype=np.float64))
-    data = (tmp_path / "t.npy").read_bytes()
-    (tmp_path / "t.npy").write_bytes(data[:-100])
-    with pytest.raises(af.CorruptDataError, match=r"t\.npy' is truncated"):
-        af.open_array(tmp_path / "t.npy")
-    (tmp_path / "c.npy").write_bytes(b"\x93NUMPY\x01\x00garbage garbage")
-    with pytest.raises(af.CorruptDataError, match=r"c\.npy' is not a readable"):
-        af.open_array(tmp_path / "c.npy")
 
 
 @pytest.mark.parametrize(

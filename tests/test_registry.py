@@ -1,0 +1,132 @@
+"""The format registry: one backend per format family, asked in order by the entry points.
+
+A toy format (a text file of numbers, ``.rows``) registered here the way a format subpackage
+registers its backend shows what a new format takes: the entry points open it, list it, describe
+it and split its ``file.rows:key`` specs without a change, and it passes the conformance suite.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+import arrayfeed as af
+from arrayfeed._storage import (
+    ArrayLayout,
+    StoreInfo,
+    as_source,
+    describe,
+    is_array_like,
+    registry,
+    split_spec,
+)
+from arrayfeed._storage.npy.memory import ArraySource
+from arrayfeed._storage.registry import Backend, Location, OpenOptions
+from arrayfeed.testing import SourceTests
+
+STORAGE = Path(registry.__file__).parent
+
+
+class RowsBackend(Backend):
+    """Text files of integers, one row per line (``np.savetxt``), read whole into memory."""
+
+    name = "rows"
+    label = "rows"
+    order = 45
+    suffixes = frozenset({".rows"})
+
+    def open(self, location: Location, key: str | None, options: OpenOptions) -> Any:
+        assert isinstance(location, Path)
+        return ArraySource(np.loadtxt(location, ndmin=2, dtype=np.int64), name=str(location))
+
+    def describe(self, location: Location) -> StoreInfo:
+        source = self.open(location, None, OpenOptions())
+        layout = ArrayLayout(name="", shape=source.shape, dtype=source.dtype, chunks=None)
+        return StoreInfo(format="rows", arrays=(layout,), specs={"": str(location)})
+
+
+@pytest.fixture
+def rows_format() -> Iterator[None]:
+    registry.register(RowsBackend())
+    try:
+        yield
+    finally:
+        registry.unregister("rows")
+
+
+def test_every_format_subpackage_registers_one_backend_in_order() -> None:
+    families = {
+        info.name
+        for info in pkgutil.iter_modules([str(STORAGE)])
+        if info.ispkg and info.name != "remote"  # object storage, used by every format
+    }
+    names = [b.name for b in registry.backends()]
+    assert sorted(names) == sorted(families)
+    assert names == ["sparse", "zarr", "hdf5", "lazy", "npy"]
+    for name in families:
+        package = importlib.import_module(f"arrayfeed._storage.{name}")
+        assert package.__doc__  # says what is in it
+
+
+def test_a_new_format_is_one_backend(rows_format: None, tmp_path: Path) -> None:
+    data = np.arange(12).reshape(4, 3)
+    np.savetxt(tmp_path / "t.rows", data, fmt="%d")
+    assert split_spec(f"{tmp_path}/t.rows:x") == (f"{tmp_path}/t.rows", "x")
+    source = af.open_array(tmp_path / "t.rows")
+    np.testing.assert_array_equal(source.read(np.arange(4, dtype=np.int64)), data)
+    assert describe(tmp_path / "t.rows").format == "rows"
+    batch = next(iter(af.batches(str(tmp_path / "t.rows"), batch_size=4, shuffle=False)))
+    np.testing.assert_array_equal(batch, data)
+
+
+def test_without_its_backend_the_format_is_unknown(tmp_path: Path) -> None:
+    np.savetxt(tmp_path / "t.rows", np.zeros((2, 2)))
+    with pytest.raises(af.SourceNotFoundError, match=r"is not a \.npy, \.npz, HDF5 file or Zarr"):
+        af.open_array(tmp_path / "t.rows")
+
+
+class TestRowsSource(SourceTests):
+    """What a new format's test module holds: the conformance suite over its sources."""
+
+    dtypes = ("int64",)
+    row_shapes = ((3,),)
+
+    @pytest.fixture(autouse=True)
+    def _registered(self, rows_format: None) -> None:
+        pass
+
+    def make_source(self, data: np.ndarray, tmp_path: Path) -> Any:
+        np.savetxt(tmp_path / "t.rows", data, fmt="%d")
+        return af.open_array(tmp_path / "t.rows")
+
+
+def test_anndata_elements_come_before_the_arrays_they_are_stored_as(tmp_path: Path) -> None:
+    with h5py.File(tmp_path / "m.h5ad", "w") as f:
+        group = f.create_group("X")
+        group.attrs.update({"encoding-type": "csr_matrix", "shape": [3, 4]})
+        group["data"] = np.array([1.0, 2.0])
+        group["indices"] = np.array([0, 3], dtype=np.int32)
+        group["indptr"] = np.array([0, 1, 1, 2], dtype=np.int64)
+    dense = af.open_array(tmp_path / "m.h5ad", "X").read(np.arange(3, dtype=np.int64))
+    np.testing.assert_array_equal(dense, [[1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 2]])
+    assert af.open_array(tmp_path / "m.h5ad", "X/data").shape == (2,)  # a plain array
+
+
+def test_objects_go_to_their_family_and_anything_else_to_numpy(tmp_path: Path) -> None:
+    z = zarr.create_array(tmp_path / "z.zarr", shape=(3,), dtype="i4")
+    assert type(as_source(z, "z")).__name__ == "ZarrSource"
+    assert type(as_source([1, 2, 3], "l")) is ArraySource
+    assert is_array_like(z) and is_array_like(np.zeros(2)) and not is_array_like([1, 2])
+
+
+def test_an_unknown_writer_format_is_named() -> None:
+    with pytest.raises(af.ConfigError, match=r"unknown store format 'tiff'; use 'hdf5' or 'zarr'"):
+        registry.writer_backend("tiff")
