@@ -17,7 +17,9 @@ import pytest
 import arrayfeed as af
 from arrayfeed._storage import (
     Source,
+    array_keys,
     as_source,
+    describe,
 )
 from arrayfeed._storage.hdf5.files import check_filters as check_h5_filters
 from arrayfeed._storage.hdf5.source import H5ContiguousSource, H5Source
@@ -218,3 +220,13 @@ def test_an_hdf5_read_error_through_h5py_names_file_dataset_and_chunk(tmp_path: 
         np.testing.assert_array_equal(source.read(np.arange(0, 500, dtype=np.int64)), data[:500])
     finally:
         f.close()
+
+
+def test_a_file_named_like_hdf5_that_is_not_is_named_everywhere_alike(tmp_path: Path) -> None:
+    """The HDF5 backend claims ``.h5`` files by name: listing and describing one that is not
+    HDF5 fail as opening it does, naming the file."""
+    (tmp_path / "junk.h5").write_text("junk")
+    for call in (af.open_array, describe, array_keys):
+        with pytest.raises(af.CorruptDataError, match=r"cannot open HDF5 file '.*junk\.h5'"):
+            call(tmp_path / "junk.h5")
+    assert af.written_by_arrayfeed(tmp_path / "junk.h5") is None

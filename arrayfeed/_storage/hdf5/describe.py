@@ -3,7 +3,9 @@
 Files written by other tools hold datasets this machine cannot read (a dtype NumPy has no
 equivalent for, a filter whose plugin is not installed): each is listed with the reason instead
 of failing the whole file. netCDF4's dimension placeholders (HDF5 dimension scales that only give
-a dimension its length) are not arrays of data and are left out.
+a dimension its length) are not arrays of data and are left out. A file that cannot be opened at
+all is named as :func:`.files.open_readable` names it (netCDF3 with the fix, a file a writer
+holds, anything else that is not HDF5).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..._errors import SourceUnavailableError
 from ..layout import ArrayLayout, StoreInfo
 from .cf import is_dimension_placeholder
 from .codecs import FILTER_NAMES
-from .files import check_filters, data_names, read_record
+from .files import check_filters, data_names, open_readable, read_record
 
 __all__ = ["dataset_names", "describe", "describe_filters", "layout_of"]
 
@@ -44,7 +46,7 @@ def describe_filters(dataset: h5py.Dataset) -> str:
 def dataset_names(path: str | os.PathLike[str]) -> list[str]:
     """Paths of every dataset in the HDF5 file at ``path``, in visiting order (netCDF4
     dimension placeholders left out)."""
-    with h5py.File(path, "r") as f:
+    with open_readable(path) as f:
         return data_names(f)
 
 
@@ -88,7 +90,7 @@ def describe(path: Path | Any, opened: h5py.File | None = None) -> StoreInfo:
     file already open (a URL's, which ``path`` then names)."""
     layouts: list[ArrayLayout] = []
     specs: dict[str, str] = {}
-    with contextlib.nullcontext(opened) if opened is not None else h5py.File(path, "r") as f:
+    with contextlib.nullcontext(opened) if opened is not None else open_readable(path) as f:
         record = read_record(f)
         datasets: list[h5py.Dataset] = []
         f.visititems(lambda _, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)
