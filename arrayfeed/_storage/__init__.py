@@ -27,6 +27,7 @@ from .base import (
     Closeable,
     Encoded,
     GatherInto,
+    Portability,
     Prefetch,
     ReadPiecesInto,
     ReadRangeInto,
@@ -35,6 +36,7 @@ from .base import (
     SparseRows,
     Verifiable,
     chunked_rows,
+    portability,
     row_bytes,
     row_nbytes,
     run_bounds,
@@ -59,7 +61,7 @@ from .open import (
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
 from .remote.errors import remote_error
 from .remote.glob import expand_url
-from .remote.paths import RemotePath, is_url
+from .remote.paths import RemotePath, forget_filesystems, is_url
 from .sparse.csr import csr_source
 from .sparse.rows import ragged_arange
 from .specs import split_spec
@@ -77,6 +79,7 @@ __all__ = [
     "Encoded",
     "Format",
     "GatherInto",
+    "Portability",
     "Prefetch",
     "ReadPiecesInto",
     "ReadRangeInto",
@@ -100,12 +103,14 @@ __all__ = [
     "expand_url",
     "is_array_like",
     "is_store_dir",
+    "forget_filesystems",
     "is_url",
     "mark_complete",
     "open_array",
     "open_for_copy",
     "open_region_writer",
     "open_written",
+    "portability",
     "remote_error",
     "remove_store",
     "ragged_arange",

@@ -18,7 +18,9 @@ with ``isinstance`` and falls back from:
 - :class:`Closeable`: ``close()`` releases the files a source opened itself;
 - :class:`Prefetch`: start fetching ranges of rows before they are read (object storage);
 - :class:`SparseRows`: rows stored sparse (CSR), also readable as their nonzeros;
-- :class:`Categorical`: integer codes of a categorical column, with its labels.
+- :class:`Categorical`: integer codes of a categorical column, with its labels;
+- :class:`Portable`: how a source reaches another process (a loader): opened again from its
+  file or URL, copied with its data, or not at all (:func:`portability`).
 
 Nothing outside :mod:`arrayfeed._storage` names a concrete source class: a new backend that
 implements these protocols gets every fast path. What a store holds (layout facts) and how one is
@@ -29,7 +31,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +44,8 @@ __all__ = [
     "Encoded",
     "GatherInto",
     "Indices",
+    "Portability",
+    "Portable",
     "Prefetch",
     "ReadPiecesInto",
     "ReadRangeInto",
@@ -49,6 +54,7 @@ __all__ = [
     "SparseRows",
     "Verifiable",
     "chunked_rows",
+    "portability",
     "row_bytes",
     "row_nbytes",
     "run_bounds",
@@ -203,6 +209,45 @@ class Categorical(Protocol):
 
     @property
     def categories(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True)
+class Portability:
+    """How a source reaches another process: ``"reopen"`` (a pickled copy opens the same file or
+    URL again: nothing but its name travels), ``"copy"`` (its ``nbytes`` of data travel with it),
+    or ``"stays"`` (it cannot: ``why``, for messages)."""
+
+    how: Literal["reopen", "copy", "stays"]
+    why: str = ""
+    nbytes: int = 0
+
+    @classmethod
+    def combined(cls, parts: Iterable[Portability]) -> Portability:
+        """What a source made of ``parts`` (a CSR matrix's arrays) can do: the least of them."""
+        parts = list(parts)
+        stays = [p for p in parts if p.how == "stays"]
+        if stays:
+            return stays[0]
+        nbytes = sum(p.nbytes for p in parts)
+        return cls("copy" if nbytes else "reopen", nbytes=nbytes)
+
+
+REOPENS = Portability("reopen")
+
+
+@runtime_checkable
+class Portable(Protocol):
+    """Optional capability: how this source reaches another process (see :class:`Portability`).
+    A source without it stays in the process that opened it."""
+
+    def portability(self) -> Portability: ...
+
+
+def portability(source: Source) -> Portability:
+    """How ``source`` reaches another process (a loader)."""
+    if isinstance(source, Portable):
+        return source.portability()
+    return Portability("stays", f"a {type(source).__name__}, which does not say how it can be read elsewhere")
 
 
 def chunked_rows(source: Source) -> int | None:

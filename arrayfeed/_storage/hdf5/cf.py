@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..._errors import SourceUnavailableError
-from ..base import Indices, Source, chunked_rows
+from ..base import Indices, Portability, Source, chunked_rows, portability
 
 __all__ = ["CFDecoding", "CFSource", "cf_decoding", "is_dimension_placeholder", "netcdf3_error"]
 
@@ -145,6 +145,9 @@ class CFSource:
 
     def __len__(self) -> int:
         return len(self.inner)
+
+    def portability(self) -> Portability:
+        return portability(self.inner)
 
     def read(self, indices: Indices) -> np.ndarray:
         return self.decoding.apply(self.inner.read(indices))

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError
 from ..._forks import renew_after_fork
-from ..base import Indices
+from ..base import REOPENS, Indices, Portability
 from ..remote.errors import remote_error
 from ..remote.paths import RemotePath
 from .files import check_filters
@@ -132,6 +132,9 @@ class RemoteH5Source:
     @property
     def chunks(self) -> tuple[int, ...] | None:
         return self._chunks
+
+    def portability(self) -> Portability:
+        return REOPENS  # the URL and storage options travel; the other process fetches
 
     def read(self, indices: Indices) -> np.ndarray:
         if not len(indices):

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError, SourceUnavailableError
 from ..._forks import renew_after_fork
-from ..base import Indices, Source, run_bounds
+from ..base import REOPENS, Indices, Portability, Source, run_bounds
 from ..npy.memory import MappedSource
 from .cf import CFSource, cf_decoding
 from .chunks import ChunkFile
@@ -84,6 +84,7 @@ class H5Source:
         self._dataset: h5py.Dataset | None = dataset
         self._pid = os.getpid()
         self._swmr = bool(dataset.file.swmr_mode)
+        self._stays = _why_stays(dataset.file)
         check_filters(dataset, self.name)
         self.fingerprint = h5_fingerprint(dataset)
         # Raw-chunk reader of this process (see chunk_reader); None: not looked at yet.
@@ -91,6 +92,11 @@ class H5Source:
         self._reader_pid = -1
         self._reader_lock = threading.Lock()
         renew_after_fork(self, "_reader_lock")
+
+    def portability(self) -> Portability:
+        """Another process opens the file again by name, read-only; a file this process holds
+        open for writing (HDF5 locks it), in memory or behind a Python file object stays."""
+        return Portability("stays", self._stays) if self._stays else REOPENS
 
     @property
     def dataset(self) -> h5py.Dataset:
@@ -340,3 +346,17 @@ def open_hdf5(
     except ArrayfeedError:
         f.close()
         raise
+
+
+def _why_stays(file: h5py.File) -> str:
+    """Why another process cannot open ``file`` again by name, or "" when it can."""
+    if file.driver == "core":
+        return "an HDF5 file held in memory (driver 'core')"
+    if file.driver == "fileobj":
+        return "an HDF5 file read through a Python file object"
+    if file.mode != "r" and not file.swmr_mode:
+        return (
+            f"its HDF5 file '{file.filename}' is open for writing in this process, and HDF5 "
+            "locks it against other readers; open it with h5py.File(path, 'r')"
+        )
+    return ""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Indices
+from ..base import Indices, Portability
 
 __all__ = ["DaskSource", "XarraySource", "is_dask", "is_xarray", "lazy_source"]
 
@@ -63,6 +63,10 @@ class _Lazy:
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    def portability(self) -> Portability:
+        kind = "a dask array" if isinstance(self, DaskSource) else "an xarray DataArray"
+        return Portability("stays", f"{kind}, computed in the process that holds it")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}, shape={self.shape}, dtype={self.dtype})"

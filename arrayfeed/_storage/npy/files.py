@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import CorruptDataError, DtypeError, SourceNotFoundError
-from ..base import Source
+from ..base import REOPENS, Portability, Source
 from ..fingerprint import Fingerprint
 from ..layout import ArrayLayout, StoreInfo
 from .memory import ArraySource, MappedSource
@@ -168,6 +168,9 @@ class NpzMemberSource:
         if self._zip is not None:
             self._zip.close()
         self._file = self._zip = self._whole = None
+
+    def portability(self) -> Portability:
+        return REOPENS
 
     def __getstate__(self) -> dict[str, Any]:
         # The path, not the open archive: a copy opens the member again when it reads.

@@ -7,6 +7,7 @@ once per process, and pickles the path and layout, never the mapping.
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..._errors import CorruptDataError
 from ..._forks import renew_after_fork
-from ..base import Indices, run_bounds
+from ..base import REOPENS, Indices, Portability, run_bounds
 from ..fingerprint import Fingerprint, memmap_fingerprint
 
 __all__ = ["ArraySource", "MappedSource"]
@@ -69,8 +70,46 @@ class ArraySource:
         if self.fingerprint is not None:
             self.fingerprint.check(self.name)
 
+    def portability(self) -> Portability:
+        """A memory map of a file that others see written (mode ``r``, ``r+``, ``w+``) opens the
+        file again; any other array travels with its data."""
+        if _mapped_region(self._array) is not None:
+            return REOPENS
+        return Portability("copy", nbytes=int(self._array.nbytes))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        region = _mapped_region(self._array)
+        if region is not None:  # the file's name and where the rows lie, not the rows
+            array = self._array
+            state["_array"] = ("mapped", *region, array.shape, array.dtype.str)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        mapped = state.get("_array")
+        if isinstance(mapped, tuple) and mapped and mapped[0] == "mapped":
+            _, path, offset, shape, dtype = mapped
+            state["_array"] = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+        self.__dict__.update(state)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+def _mapped_region(array: np.ndarray) -> tuple[str, int] | None:
+    """``(file, byte offset)`` of the rows of ``array`` if it is a C-ordered ``np.memmap`` whose
+    writes, if any, go to its file (not copy-on-write), else None."""
+    if not isinstance(array, np.memmap) or array.mode not in ("r", "r+", "w+"):
+        return None
+    handle = getattr(array, "_mmap", None)
+    if handle is None or not array.filename or not array.flags.c_contiguous:
+        return None
+    try:
+        mapped = np.frombuffer(handle, dtype=np.uint8)
+    except (ValueError, TypeError):  # a closed mapping
+        return None
+    start = mapped.ctypes.data + array.offset % mmap.ALLOCATIONGRANULARITY
+    return str(array.filename), int(array.offset) + (array.ctypes.data - start)
 
 
 class MappedSource(ArraySource):
@@ -153,8 +192,14 @@ class MappedSource(ArraySource):
         if fd is not None and self._fd_pid == os.getpid():
             os.close(fd)
 
+    def portability(self) -> Portability:
+        return REOPENS
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_array"], state["_pid"] = None, -1
         state["_fd"], state["_fd_pid"] = None, -1
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._errors import ConfigError, CorruptDataError
-from ..base import Indices
+from ..base import REOPENS, Indices, Portability
 from ..remote.errors import remote_error
 from ..remote.paths import RemotePath
 from .files import read_npy_header
@@ -52,6 +52,9 @@ class RemoteNpySource:
 
     def __len__(self) -> int:
         return self._shape[0] if self._shape else 0
+
+    def portability(self) -> Portability:
+        return REOPENS  # the URL and storage options travel; the other process fetches
 
     def read(self, indices: Indices) -> np.ndarray:
         out = np.empty((len(indices), *self._shape[1:]), self._dtype)

@@ -16,13 +16,22 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..._errors import DestinationError, SourceUnavailableError
 
-__all__ = ["INSTALL", "RemotePath", "as_remote", "is_url", "protocol_of", "url_to_fs"]
+__all__ = [
+    "INSTALL",
+    "RemotePath",
+    "as_remote",
+    "forget_filesystems",
+    "is_url",
+    "protocol_of",
+    "url_to_fs",
+]
 
 #: What to install for URLs.
 INSTALL = 'pip install "arrayfeed[remote]"'
@@ -93,6 +102,20 @@ class RemotePath:
         except Exception:
             return None
         return True
+
+
+def forget_filesystems() -> None:
+    """Drop the filesystems fsspec keeps for reuse: each holds the credentials and endpoint it
+    read from the environment when it was made, so one made before the environment changed
+    would reach the wrong place. Nothing to do where fsspec was never imported."""
+    spec = sys.modules.get("fsspec.spec")
+    if spec is None:
+        return
+    todo = [spec.AbstractFileSystem]
+    while todo:
+        cls = todo.pop()
+        cls.clear_instance_cache()
+        todo.extend(cls.__subclasses__())
 
 
 def as_remote(

@@ -39,9 +39,11 @@ from ..base import (
     Encoded,
     GatherInto,
     Indices,
+    Portability,
     ReadRangeInto,
     RunReader,
     Source,
+    portability,
     verify_sources,
 )
 from ..npy.memory import ArraySource
@@ -304,6 +306,9 @@ class CSRSource:
             if isinstance(source, Closeable):
                 source.close()
         self._cache = None
+
+    def portability(self) -> Portability:
+        return Portability.combined(portability(s) for s in (self.data, self.indices, self.indptr))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -21,7 +21,7 @@ import zarr
 from zarr.storage import LocalStore
 
 from ..._errors import ArrayfeedError, SourceNotFoundError
-from ..base import Indices, Source, run_bounds
+from ..base import REOPENS, Indices, Portability, Source, run_bounds
 from ..fingerprint import Fingerprint
 from ..remote.paths import RemotePath
 from .chunks import ChunkReader
@@ -55,6 +55,13 @@ class ZarrSource:
         # Unsharded arrays (local, or remote with many chunks in flight) are read chunk by chunk
         # in the reader's own thread.
         self.chunk_reader = ChunkReader.of(array, self.name, self.strict)
+
+    def portability(self) -> Portability:
+        """A store in files or on object storage is opened again; one in memory stays."""
+        store = unwrap_store(self.array.store)
+        if type(store).__name__ in ("LocalStore", "FsspecStore", "ZipStore", "ObjectStore"):
+            return REOPENS
+        return Portability("stays", f"a Zarr array in a {type(store).__name__}")
 
     def prefetch(self, starts: Sequence[int], stops: Sequence[int]) -> None:
         """Start fetching rows ``[starts[i], stops[i])`` from object storage (a window of

@@ -1,63 +1,25 @@
-"""Conformance tests that every :class:`~arrayfeed.Source` backend must pass.
+"""The conformance suite: :class:`SourceTests`, the contract of a source as tests (see the
+package docstring)."""
 
-:class:`SourceTests` is a pytest base class, as ``zarr.testing`` ships ``StoreTests``: a backend's
-test module subclasses it, implements :meth:`SourceTests.make_source` (write ``data`` the way the
-backend's users write it, under ``tmp_path``, and return a source over it), and inherits a test
-of every part of the contract: the ``Source`` protocol itself, each optional capability the source
-implements (``GatherInto``, ``ReadRangeInto``, ``RunReader``, ``Chunked``, ``Verifiable``), pickling,
-and reads through arrayfeed's own engine (``read_rows``, a shuffled epoch, and the window cache of
-``shuffle="block"``). Every comparison is bit for bit: NaN payloads and ``-0.0`` count, byte order
-does not. A third-party backend runs it like this::
-
-    # tests/test_mybackend.py
-    from pathlib import Path
-
-    import numpy as np
-
-    from arrayfeed import Source
-    from arrayfeed.testing import SourceTests
-    from mybackend import MySource, write_my_format
-
-
-    class TestMySource(SourceTests):
-        dtypes = ("float32", "int64", "uint8")  # what the format stores (default: many)
-        row_shapes = ((), (5, 3))  # shapes of one row (default: (), (3,), (4, 3))
-
-        def make_source(self, data: np.ndarray, tmp_path: Path) -> Source:
-            write_my_format(tmp_path / "data.my", data)
-            return MySource(tmp_path / "data.my")
-
-A source that cannot be pickled (an in-memory object bound to one process) sets
-``picklable = False`` and says why in ``not_picklable_because``. This module imports pytest (it is
-a test helper) but never TensorFlow.
-
-:func:`sample_data` builds the arrays the tests store, and :func:`assert_same_rows` compares them:
-
->>> data = sample_data("float32", (2,), n_rows=4)
->>> data.shape, data.dtype
-((4, 2), dtype('float32'))
->>> assert_same_rows(data.astype(">f4"), data)  # the same bits in another byte order: equal
-"""
 
 from __future__ import annotations
 
 import hashlib
-import math
 import pickle
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from ._dtypes import native_dtype
-from ._pipeline.blocks import WindowCache
-from ._pipeline.plan import Plan
-from ._pipeline.read import read_rows
-from ._pipeline.shard import Shard
-from ._storage import (
+from .._dtypes import native_dtype
+from .._pipeline.blocks import WindowCache
+from .._pipeline.plan import Plan
+from .._pipeline.read import read_rows
+from .._pipeline.shard import Shard
+from .._storage import (
     Chunked,
     Closeable,
     GatherInto,
@@ -66,83 +28,13 @@ from ._storage import (
     Source,
     Verifiable,
     chunked_rows,
+    portability,
 )
+from .rows import assert_same_rows, garbage, indices, sample_data
 
-__all__ = ["SourceTests", "assert_same_rows", "sample_data"]
+__all__ = ["SourceTests"]
 
 Indices = npt.NDArray[np.int64]
-
-#: Byte that output buffers are filled with before a read, so rows left unwritten show.
-_GARBAGE = 0xA5
-
-
-def sample_data(
-    dtype: npt.DTypeLike, row_shape: tuple[int, ...] = (), *, n_rows: int = 300, seed: int = 0
-) -> np.ndarray:
-    """A C-contiguous array of ``n_rows`` rows of ``row_shape`` in ``dtype``, from random bits.
-
-    Integers take every bit pattern; floating-point (and complex) data also holds ``-0.0``,
-    infinities and NaNs with payloads, which a backend must return unchanged; booleans are 0 or 1.
-    """
-    dtype = np.dtype(dtype)
-    shape = (n_rows, *row_shape)
-    rng = np.random.default_rng(seed)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    if dtype.kind not in "iufc":
-        raise TypeError(f"`dtype` must be a bool, integer, float or complex dtype (got {dtype}).")
-    raw = rng.integers(0, 256, size=math.prod(shape) * dtype.itemsize, dtype=np.uint8)
-    data = raw.view(dtype).reshape(shape)
-    if dtype.kind in "fc" and data.size:
-        # Complex data: the same special values in its real and imaginary parts.
-        part = np.dtype(f"{dtype.byteorder}f{dtype.itemsize // 2}") if dtype.kind == "c" else dtype
-        flat = data.reshape(-1).view(part)
-        specials = np.array([-0.0, np.inf, -np.inf, np.nan, -np.nan, np.nan], dtype=part)
-        specials.view(f"{part.byteorder}u{part.itemsize}")[-1] |= 1  # a NaN with a payload
-        at = rng.choice(flat.size, size=min(flat.size, len(specials)), replace=False)
-        flat[at] = specials[: len(at)]
-    return np.ascontiguousarray(data)
-
-
-def assert_same_rows(actual: np.ndarray, expected: np.ndarray, what: str = "rows") -> None:
-    """Raise ``AssertionError`` unless ``actual`` holds exactly the bits of ``expected``: same
-    shape, same dtype byte order aside, same bytes (NaN payloads and ``-0.0`` included)."""
-    actual, expected = np.asarray(actual), np.asarray(expected)
-    if actual.shape != expected.shape:
-        raise AssertionError(f"{what}: shape {actual.shape}, expected {expected.shape}")
-    if native_dtype(actual.dtype) != native_dtype(expected.dtype):
-        raise AssertionError(f"{what}: dtype {actual.dtype}, expected {expected.dtype}")
-    if not actual.size:
-        return
-    # Native byte order, C order, then the bytes of each row side by side.
-    a = np.atleast_1d(np.ascontiguousarray(actual, dtype=native_dtype(actual.dtype)))
-    e = np.atleast_1d(np.ascontiguousarray(expected, dtype=native_dtype(expected.dtype)))
-    a_bytes = a.reshape(-1).view(np.uint8).reshape(len(a), -1)
-    e_bytes = e.reshape(-1).view(np.uint8).reshape(len(e), -1)
-    differ = np.flatnonzero((a_bytes != e_bytes).any(axis=1))
-    if len(differ):
-        # With its bytes: NaNs differ in their bits only, which repr does not show.
-        row = int(differ[0])
-        k = int(np.flatnonzero(a_bytes[row] != e_bytes[row])[0]) // a.itemsize
-        where = tuple(int(i) for i in np.unravel_index(k, a.shape[1:])) if a.ndim > 1 else ()
-        size = slice(k * a.itemsize, (k + 1) * a.itemsize)
-        raise AssertionError(
-            f"{what}: {len(differ)} of {len(a)} rows differ; in row {row}, element {where} is "
-            f"{a[row].reshape(-1)[k]!r} (bytes {a_bytes[row, size].tobytes().hex()}), expected "
-            f"{e[row].reshape(-1)[k]!r} (bytes {e_bytes[row, size].tobytes().hex()})"
-        )
-
-
-def _indices(values: Any) -> Indices:
-    return np.asarray(values, dtype=np.int64).reshape(-1)
-
-
-def _garbage(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """A C-contiguous native-order array of ``shape`` filled with a recognisable byte."""
-    out = np.empty(shape, dtype=native_dtype(dtype))
-    out.reshape(-1).view(np.uint8)[...] = _GARBAGE
-    return out
-
 
 OpenSource = Callable[..., Source]
 
@@ -258,13 +150,13 @@ class SourceTests:
         rng = np.random.default_rng(n)
         chunk = source.chunk_rows if isinstance(source, Chunked) else None
         chosen: dict[str, Indices] = {
-            "empty": _indices([]),
-            "first row": _indices([0]),
-            "last row": _indices([n - 1]),
-            "middle row": _indices([n // 2]),
-            "first and last rows": _indices(sorted({0, n - 1})),
+            "empty": indices([]),
+            "first row": indices([0]),
+            "last row": indices([n - 1]),
+            "middle row": indices([n // 2]),
+            "first and last rows": indices(sorted({0, n - 1})),
             "a run": np.arange(n // 3, min(n, n // 3 + 11), dtype=np.int64),
-            "runs and gaps": _indices(
+            "runs and gaps": indices(
                 sorted({0, 1, 2, n // 2, n // 2 + 1, n - 2, n - 1} & set(range(n)))
             ),
             "a sparse subset": np.sort(rng.choice(n, size=max(1, n // 10), replace=False)),
@@ -335,7 +227,7 @@ class SourceTests:
         for name, idx in self.selections(source).items():
             got = source.read(idx)
             assert got.flags.writeable, f"read({name}) returned a read-only array"
-            got[...] = _garbage(got.shape, got.dtype)  # the caller owns the result
+            got[...] = garbage(got.shape, got.dtype)  # the caller owns the result
             assert_same_rows(source.read(idx), expected[idx], f"read({name}) after writing")
         assert_same_rows(data, expected, "the array the source was made from")
 
@@ -355,22 +247,22 @@ class SourceTests:
         n = len(source)
         rng = np.random.default_rng(1)
         requests = {
-            "empty": _indices([]),
-            "one row": _indices([n // 2]),
+            "empty": indices([]),
+            "one row": indices([n // 2]),
             "reversed": np.arange(n - 1, -1, -1, dtype=np.int64),
             "shuffled": rng.permutation(n).astype(np.int64),
-            "duplicates": _indices([5 % n, 0, 5 % n, n - 1, 0, n - 1, n // 2]),
+            "duplicates": indices([5 % n, 0, 5 % n, n - 1, 0, n - 1, n // 2]),
             "with replacement": rng.integers(0, n, size=2 * n).astype(np.int64),
             "sorted run": np.arange(n // 4, n // 2, dtype=np.int64),
         }
         for name, idx in requests.items():
             idx.setflags(write=False)  # read-only, as the feed's
-            buffer = _garbage((len(idx) + 4, *data.shape[1:]), data.dtype)
+            buffer = garbage((len(idx) + 4, *data.shape[1:]), data.dtype)
             out = buffer[2 : 2 + len(idx)]  # inside a larger buffer, as a caller's batch may be
             source.gather_into(idx, out)
             assert_same_rows(out, data[idx], f"gather_into({name})")
             untouched = np.concatenate([buffer[:2], buffer[2 + len(idx) :]])
-            assert_same_rows(untouched, _garbage(untouched.shape, data.dtype), "around `out`")
+            assert_same_rows(untouched, garbage(untouched.shape, data.dtype), "around `out`")
 
     def test_read_range_into(self, open_source: OpenSource, dtype: str) -> None:
         data = self.data(dtype)
@@ -378,12 +270,12 @@ class SourceTests:
         if not isinstance(source, ReadRangeInto):
             pytest.skip(f"{type(source).__name__} does not implement ReadRangeInto")
         for start, stop in self.ranges(source):
-            buffer = _garbage((stop - start + 4, *data.shape[1:]), data.dtype)
+            buffer = garbage((stop - start + 4, *data.shape[1:]), data.dtype)
             out = buffer[2 : 2 + stop - start]
             source.read_range_into(start, stop, out)
             assert_same_rows(out, data[start:stop], f"read_range_into({start}, {stop})")
             untouched = np.concatenate([buffer[:2], buffer[2 + stop - start :]])
-            assert_same_rows(untouched, _garbage(untouched.shape, data.dtype), "around `out`")
+            assert_same_rows(untouched, garbage(untouched.shape, data.dtype), "around `out`")
 
     def test_read_run(self, open_source: OpenSource) -> None:
         data = self.data()
@@ -439,6 +331,25 @@ class SourceTests:
             if isinstance(clone, Closeable):
                 clone.close()
 
+    def test_portability_says_what_travels(self, open_source: OpenSource) -> None:
+        """What a source says of reaching another process (a loader) holds: one that opens its
+        file again pickles without its rows, one that is copied names the bytes it carries, and
+        one that cannot be pickled stays."""
+        data = self.data()
+        source = open_source(data)
+        move = portability(source)
+        assert move.how in ("reopen", "copy", "stays"), f"portability() said {move.how!r}"
+        if not self.picklable or move.how == "stays":
+            assert move.how == "stays" and move.why, "a source that cannot travel must say why"
+            return
+        if move.how == "copy":  # what it holds: a sparse matrix holds less than its dense rows
+            assert 0 < move.nbytes <= len(pickle.dumps(source)), f"'copy' of {move.nbytes} bytes"
+            return
+        stored = np.ascontiguousarray(data).tobytes()
+        carried = pickle.dumps(source)
+        pieces = [stored[i : i + 24] for i in range(0, len(stored) - 24, max(24, len(stored) // 8))]
+        assert not any(piece in carried for piece in pieces), "'reopen', yet its pickle holds rows"
+
     # -- through the reading engine ---------------------------------------------------------------
     def test_read_rows_in_any_order(self, open_source: OpenSource, dtype: str) -> None:
         data = self.data(dtype)
@@ -488,7 +399,7 @@ class SourceTests:
         seen = []
         for step in range(plan.steps):
             idx = plan.indices(1, step)
-            out = _garbage((len(idx), *data.shape[1:]), data.dtype)
+            out = garbage((len(idx), *data.shape[1:]), data.dtype)
             cache.gather_into(idx, out)
             assert_same_rows(out, data[idx], f"batch {step}")
             seen.append(idx)
