@@ -13,6 +13,7 @@ __all__ = [
     "CorruptDataError",
     "DestinationError",
     "DtypeError",
+    "LoaderError",
     "MapBatchError",
     "OutputExistsError",
     "ShapeError",
@@ -52,6 +53,11 @@ class SourceUnavailableError(ArrayfeedError, OSError):
 
 class CorruptDataError(ArrayfeedError, OSError):
     """Stored data is truncated, corrupted, missing or changed since it was opened."""
+
+
+class LoaderError(ArrayfeedError, RuntimeError):
+    """A loader process, which reads batches beside the training process, died or could not
+    start; the message gives its exit code."""
 
 
 class MapBatchError(ArrayfeedError, ValueError):

@@ -1,7 +1,7 @@
-"""``map_batch`` in reader threads vs worker processes (``map_processes=N``): rows/s and ratios.
+"""``map_batch`` in reader threads vs loader processes (``map_processes=N``): rows/s and ratios.
 
 Three transforms, each run through ``arrayfeed.batches`` (no TensorFlow) with ``map_batch`` in
-reader threads (the default, ``map_processes=None``) and in N worker processes, N = 1, 2, 4 …
+reader threads of this process (``processes=0``) and in N loader processes, N = 1, 2, 4 …
 up to the core count:
 
 - ``python``: GIL-bound, a Python loop per row (what random crops, tokenisers and decoders
@@ -20,7 +20,7 @@ spent in this process and its workers (which other load on the machine does not 
 
 Targets, printed with ✓/✗: ``python`` with 2 processes >= 1.6x threads on 2 cores (8 processes
 >= 5x threads on 16); ``numpy`` with processes (N = the core count, at most 8) >= 0.9x threads.
-Workers start with multiprocessing's start method (``--start-method`` to choose one).
+Loaders are new interpreters; the arrays, in RAM here, are copied to each.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import functools
 import json
-import multiprocessing
 import os
 import platform
 import statistics
@@ -48,7 +47,6 @@ except ImportError:
     psutil = None
 
 import arrayfeed as af
-from arrayfeed._pipeline.procmap import start_method
 
 BATCH = 256
 SEED = 0
@@ -58,7 +56,7 @@ S_ROWS, L_ROWS = 40_000, 8_000
 PYTHON_PASSES = 8
 
 
-# -- the transforms (module level: picklable for the spawn start method) ---------------------------
+# -- the transforms (module level: a loader imports them by reference) -----------------------------
 def python_map(
     batch: tuple[np.ndarray, np.ndarray], passes: int = PYTHON_PASSES
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -176,9 +174,9 @@ def cases_for(transform: str, sweep: list[int], threads: int | None, passes: int
         return af.batches(x, y, batch_size=BATCH, seed=SEED, num_threads=threads, **kwargs)
 
     cases = [
-        Case(transform, "no map_batch", batches_run(make())),
+        Case(transform, "no map_batch", batches_run(make(processes=0))),
         Case(transform, "in a loop", loop_run(fn, x, y)),
-        Case(transform, "threads", batches_run(make(map_batch=fn))),
+        Case(transform, "threads", batches_run(make(map_batch=fn, processes=0))),
     ]
     for n in sweep:
         b = make(map_batch=fn, map_processes=n)
@@ -246,7 +244,7 @@ def table(cases: list[Case]) -> str:
 def target_table(found: list[Target], info: dict[str, Any]) -> str:
     lines = [
         f"\nTargets ({info['cores']} cores, {info['cpu']}; Python {info['python']}, "
-        f"numpy {info['numpy']}; start method {info['start_method']}; load average "
+        f"numpy {info['numpy']}; load average "
         f"{info['load_before']:.2f} before, {info['load_average']:.2f} after)",
         f"{'target':42} {'measured':>9} {'goal':>7}  met",
     ]
@@ -258,14 +256,13 @@ def target_table(found: list[Target], info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machine(method: str) -> dict[str, Any]:
+def machine() -> dict[str, Any]:
     return {
         "cores": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "arrayfeed": af.__version__,
-        "start_method": method,
         "load_average": os.getloadavg()[0],  # other work on the machine skews the figures
     }
 
@@ -289,9 +286,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=PYTHON_PASSES,
         help=f"weight of the python transform: passes over each row (default {PYTHON_PASSES})",
     )
-    parser.add_argument(
-        "--start-method", choices=multiprocessing.get_all_start_methods(), help="for the workers"
-    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     args = parser.parse_args(argv)
     args.transforms = [t.strip() for t in args.transforms.split(",") if t.strip()]
@@ -307,9 +301,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.start_method:
-        multiprocessing.set_start_method(args.start_method)
-    method = start_method()
     begin = time.perf_counter()
 
     def log(message: str) -> None:
@@ -321,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         cases += cases_for(transform, args.processes, args.threads, args.python_passes)
         log(f"{transform}: built and warmed up")
     measure(cases, args.reps, args.seconds, log)
-    info = {**machine(method), "load_before": load_before}
+    info = {**machine(), "load_before": load_before}
     cores = info["cores"] or 1
     print(
         f"\nmap_batch in threads vs processes: batch {BATCH}, full shuffle, arrays in RAM; "

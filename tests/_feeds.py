@@ -37,6 +37,7 @@ def h5_feed(
             drop_remainder=False,
             map_batch=None,
             num_threads=threads,
+            processes=0,  # read here, where the tests look inside the feed
             start_epoch=start_epoch,
             start_step=0,
         )

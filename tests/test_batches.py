@@ -228,11 +228,14 @@ def test_pickled_batches_give_the_same_stream(tmp_path: Path) -> None:
     assert "position=(2, 0)" in repr(b)
 
 
-def test_batches_are_owned_by_the_consumer(tmp_path: Path) -> None:
-    n = 600  # 6 KB rows gathered from the map into pooled group buffers
+@pytest.mark.parametrize("processes", [0, 1], ids=["threads", "loader"])
+def test_batches_are_owned_by_the_consumer(tmp_path: Path, processes: int) -> None:
+    n = 600  # 6 KB rows gathered from the map into pooled group buffers (or loader slots)
     a = np.random.default_rng(1).integers(0, 255, size=(n, 2048, 3), dtype=np.uint8)
     np.save(tmp_path / "a.npy", a)
-    b = af.batches(str(tmp_path / "a.npy"), np.arange(n), batch_size=32, seed=3)
+    b = af.batches(
+        str(tmp_path / "a.npy"), np.arange(n), batch_size=32, seed=3, processes=processes
+    )
     assert b._feed.stacked
     held = []
     for epoch in range(4):
@@ -242,7 +245,11 @@ def test_batches_are_owned_by_the_consumer(tmp_path: Path) -> None:
                 held.append((xb, yb))
             else:
                 xb[...] = 255  # writing into a batch never reaches another batch or the file
-    assert b._feed.pool.reused > 0  # the pool recycled buffers while we held batches
+    if processes:  # slots were written again while we held batches of others
+        slots = b._feed._remote.slots
+        assert slots.lent > slots.made
+    else:
+        assert b._feed.pool.reused > 0  # the pool recycled buffers while we held batches
     for xb, yb in held:
         np.testing.assert_array_equal(xb, a[yb])
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), a)

@@ -150,20 +150,28 @@ def test_batches_held_across_epochs_stay_intact() -> None:
         np.testing.assert_array_equal(xs, a[ys])
 
 
-def test_held_batches_stay_intact_while_buffers_are_recycled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("processes", [0, 1], ids=["threads", "loader"])
+def test_held_batches_stay_intact_while_buffers_are_recycled(
+    tmp_path: Path, processes: int
+) -> None:
     from arrayfeed._pipeline.resume import feeds_of
 
-    n = 600  # 6 KB rows: gathered from the map into pooled buffers
+    n = 600  # 6 KB rows: gathered from the map into pooled buffers (or loader slots)
     a = np.random.default_rng(1).integers(0, 255, size=(n, 2048, 3), dtype=np.uint8)
     np.save(tmp_path / "a.npy", a)
-    ds = af.from_arrays(str(tmp_path / "a.npy"), np.arange(n), batch_size=32, seed=3)
+    ds = af.from_arrays(
+        str(tmp_path / "a.npy"), np.arange(n), batch_size=32, seed=3, processes=processes
+    )
     held = []
     for epoch in range(4):
         for i, (xb, yb) in enumerate(ds):
             if i % 3 == epoch % 3:
                 held.append((xb, yb))
     (feed,) = feeds_of(ds)
-    assert feed.pool.reused > 0  # the pool was really recycling while we held batches
+    if processes:  # slots written again while we held batches of others
+        assert feed._remote.slots.lent > feed._remote.slots.made
+    else:
+        assert feed.pool.reused > 0  # the pool was really recycling while we held batches
     for xb, yb in held:
         np.testing.assert_array_equal(xb.numpy(), a[yb.numpy()])
 
@@ -377,23 +385,39 @@ def _stages(ds: tf.data.Dataset) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "row_shape, dtype, batch, after_split",
+    "row_shape, dtype, batch, split_by",
     [
-        ((32,), np.float32, 256, False),  # 32 KiB batches: one hand-off per group only
-        ((64, 64, 3), np.uint8, 256, True),  # 3 MiB batches: prefetched after the split too
+        ((32,), np.float32, 256, "Unbatch"),  # 32 KiB batches: copied out, no call per batch
+        ((64, 64, 3), np.uint8, 256, "FlatMap"),  # 3 MiB batches: slices of their group
     ],
 )
 def test_groups_are_prefetched_before_the_split(
-    row_shape: tuple[int, ...], dtype: type, batch: int, after_split: bool
+    row_shape: tuple[int, ...], dtype: type, batch: int, split_by: str
 ) -> None:
     x = np.zeros((batch * 12, *row_shape), dtype)
     ds = af.from_arrays(x, batch_size=batch, shard=None, drop_remainder=True)
     stages = _stages(ds)
-    split = stages.index("Unbatch")
+    split = stages.index(split_by)
     assert "Prefetch" in stages[split + 1 :]  # the groups
-    assert ("Prefetch" in stages[:split]) is after_split
+    assert "Prefetch" not in stages[:split]  # one hand-off per group only
     got = np.concatenate([b.numpy() for b in ds])
     assert got.shape == (batch * 12, *row_shape)
+
+
+def test_large_batches_share_their_groups_memory(tmp_path: Path) -> None:
+    """Batches of 1 MiB or more are slices of their group, not copies in fresh memory: the
+    batches of one group lie one after the other in one buffer."""
+    n, batch = 256 * 8, 256
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).integers(0, 255, (n, 64, 64, 3), np.uint8))
+    ds = af.from_arrays(str(tmp_path / "x.npy"), batch_size=batch, shuffle=False, processes=0)
+    (feed,) = [ds._arrayfeed_feed]
+    assert feed.stacked and feed.group_steps >= 2
+    tensors = list(ds)
+    address = [np.from_dlpack(t).ctypes.data for t in tensors]  # the tensor's own memory
+    step = batch * 64 * 64 * 3
+    assert address[1] - address[0] == step  # the second batch right after the first: one buffer
+    batches = [t.numpy() for t in tensors]
+    np.testing.assert_array_equal(np.concatenate(batches), np.load(tmp_path / "x.npy"))
 
 
 def test_autotuning_is_off_and_can_be_turned_back_on() -> None:

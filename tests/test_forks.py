@@ -72,9 +72,9 @@ def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path
     with h5py.File(tmp_path / "y.h5", "w") as f:  # chunked + gzip: decoded outside h5py's lock
         f.create_dataset("y", data=np.arange(n), chunks=(250,), compression="gzip")
     y = af.open_array(tmp_path / "y.h5", "y")
-    streams = [
-        af.batches(str(tmp_path / "x.npy"), y, batch_size=64, seed=3, shard=None),
-        af.batches(y, y, batch_size=64, seed=4, shard=None, shuffle="block"),
+    streams = [  # read in this process: its reader threads' locks are what a fork inherits
+        af.batches(str(tmp_path / "x.npy"), y, batch_size=64, seed=3, shard=None, processes=0),
+        af.batches(y, y, batch_size=64, seed=4, shard=None, shuffle="block", processes=0),
     ]
     for b in streams:  # epoch 0 here: pools, readers, file descriptors and windows exist
         assert sorted(i for _, yb in b for i in yb.tolist()) == list(range(n))
@@ -82,7 +82,9 @@ def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path
         isinstance(streams[0]._feed.readable[1], Resident) and streams[0]._feed.readable[1].loaded
     )
     # Not read yet: the child takes the held leaf's lock to read it.
-    streams.append(af.batches(str(tmp_path / "x.npy"), y, batch_size=64, seed=5, shard=None))
+    streams.append(
+        af.batches(str(tmp_path / "x.npy"), y, batch_size=64, seed=5, shard=None, processes=0)
+    )
     assert not streams[2]._feed.readable[1].loaded
     _workers.INHERITED[:] = streams
     held = _held_locks()

@@ -125,37 +125,66 @@ LEAK_COUNTS: dict[str, tuple[int, int, int, int]] = {}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("processes", [0, 1], ids=["threads", "loader"])
 def test_abandoned_iterators_leak_no_threads_files_or_memory(
-    three_backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    three_backends: dict[str, Any], monkeypatch: pytest.MonkeyPatch, processes: int
 ) -> None:
     # Groups of 4 batches: a whole epoch in one group would be read, and its readers gone, by the
     # time the first batch arrives (groups are prefetched).
     monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 * 8 * (5 * 16 * 4 + 8))
-    ds = af.from_arrays(three_backends, np.arange(2000), batch_size=8, seed=0, num_threads=2)
+    ds = af.from_arrays(
+        three_backends, np.arange(2000), batch_size=8, seed=0, num_threads=2, processes=processes
+    )
     assert feeds_of(ds)[0].group_steps == 4
     for _ in range(5):  # warm up: TensorFlow's and h5py's one-off allocations, files opened once
         it = iter(ds)
         next(it)
         del it
-    before = _settle()
-    alive = None
+    before, loader_before = _settle(), _loader_usage(ds)
+    alive, loader_alive = None, loader_before
     for i in range(100):
         it = iter(ds)
         next(it)  # mid-epoch: reader threads running, groups in flight
         if i == 50:
             alive = _usage()
+            loader_alive = _loader_usage(ds)
         del it
-    after = _settle()
+    after, loader_after = _settle(), _settle_loader(ds, loader_before)
     LEAK_COUNTS.update(before=before, alive=alive or before, after=after)
     print(f"\nleak counts (readers, OS threads, fds, RSS MiB): {LEAK_COUNTS}")
-    assert alive is not None and alive[0] > 0  # the check means something: readers were running
+    assert alive is not None  # the check means something: readers were running
+    assert (loader_alive[0] > loader_before[0]) if processes else (alive[0] > 0)
     assert after[0] == 0  # no arrayfeed reader thread left
     assert after[1] <= before[1]  # no OS thread left (TensorFlow's included)
     assert after[2] <= before[2]  # no file descriptor left
     assert after[3] - before[3] < 30  # RSS: no growth beyond allocator noise
+    if processes:  # nor in the loader process
+        assert loader_after[0] <= loader_before[0] and loader_after[1] <= loader_before[1]
+        assert loader_after[2] - loader_before[2] < 30
     np.testing.assert_array_equal(  # and the dataset still works
         np.sort(np.concatenate([yb.numpy() for _, yb in ds])), np.arange(2000)
     )
+
+
+def _loader_usage(ds: Any) -> tuple[int, int, int]:
+    """(OS threads, file descriptors, RSS in MiB) of the dataset's loader, or zeros when it
+    reads in this process."""
+    remote = feeds_of(ds)[0]._remote
+    if remote is None:
+        return (0, 0, 0)
+    (link,) = remote._links
+    proc = psutil.Process(link.process.pid)
+    return proc.num_threads(), proc.num_fds(), proc.memory_info().rss >> 20
+
+
+def _settle_loader(ds: Any, before: tuple[int, int, int]) -> tuple[int, int, int]:
+    usage = _loader_usage(ds)
+    for _ in range(100):  # the loader ends a pass once its reads have finished
+        if usage[0] <= before[0]:
+            break
+        time.sleep(0.05)
+        usage = _loader_usage(ds)
+    return usage
 
 
 @pytest.mark.slow

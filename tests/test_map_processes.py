@@ -1,15 +1,17 @@
-"""``map_processes``: ``map_batch`` in worker processes, batches through shared memory.
+"""``map_processes``: ``map_batch`` in loader processes, batches through shared memory.
 
-The stream must be the one reader threads give, bit for bit; a worker's exception is a
-``MapBatchError`` with its traceback; workers stop with their dataset, leave no shared-memory
-segment, file descriptor or zombie behind, and work under ``spawn``.
+``map_processes=N`` is ``processes=N``: N loaders read and map, groups dealt out among them. The
+stream must be the one reader threads give, bit for bit; an exception in a loader is the
+``MapBatchError`` threads raise, with the loader's traceback as its cause; loaders stop with
+their datasets and leave no shared memory, file descriptor or zombie behind.
 
-No TensorFlow at the top of this module: workers started with ``spawn`` import it to find the
-``map_batch`` functions below, and must start fast. The ``from_arrays`` tests import it.
+No TensorFlow at the top of this module: loaders import it to find the ``map_batch`` functions
+below, and must start fast. The ``from_arrays`` tests import it.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -29,7 +31,7 @@ import psutil
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline import procmap
+from arrayfeed._pipeline.loader import processes as loader_processes
 
 from .conftest import REPO_ROOT, subprocess_env
 
@@ -67,8 +69,7 @@ def text_at_row_50(batch: Any) -> Any:
     return "text" if 50 in batch else batch
 
 
-def exit_at_row_50(batch: Any) -> Any:
-    marker = os.environ.get("ARRAYFEED_TEST_EXIT", "")
+def exit_at_row_50(batch: Any, marker: str = "") -> Any:
     if 50 in batch and os.path.exists(marker):
         os.remove(marker)
         os._exit(3)  # a crash, once: the worker dies mid-batch
@@ -78,6 +79,11 @@ def exit_at_row_50(batch: Any) -> Any:
 def slow_identity(batch: Any) -> Any:
     time.sleep(0.02)
     return batch
+
+
+def slow_fail_at_row_50(batch: Any) -> Any:
+    time.sleep(0.02)
+    return fail_at_row_50(batch)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -134,9 +140,9 @@ def _shm() -> set[str]:
 
 
 def _shared_mappings() -> int:
-    """Mappings of arrayfeed's shared file in this process."""
+    """Mappings of arrayfeed's shared-memory slots in this process."""
     with open(f"/proc/{os.getpid()}/maps") as maps:
-        return sum("arrayfeed-map" in line for line in maps)
+        return sum("arrayfeed-slot" in line for line in maps)
 
 
 def _gone(pids: list[int], timeout: float = 10.0) -> bool:
@@ -149,9 +155,13 @@ def _gone(pids: list[int], timeout: float = 10.0) -> bool:
     return False
 
 
-def _workers(feed_owner: Any) -> list[int]:
-    feed = feed_owner._feed if isinstance(feed_owner, af.Batches) else feed_owner._arrayfeed_feed
-    return [w.pid for w in feed._procmap._workers]
+def _feed(owner: Any) -> Any:
+    return owner._feed if isinstance(owner, af.Batches) else owner._arrayfeed_feed
+
+
+def _workers(owner: Any) -> list[int]:
+    """The loader processes serving the feed of ``owner``."""
+    return [link.process.pid for link in _feed(owner)._remote._links]
 
 
 # -- the stream ------------------------------------------------------------------------------------
@@ -180,25 +190,26 @@ def test_batches_stream_is_the_threads_stream_bit_for_bit(
         monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
     kwargs = CONFIGS[config]
     x, y, w = _data(write)
-    expected = _epochs(af.batches(x, y, w, **kwargs), 3)
+    expected = _epochs(af.batches(x, y, w, **kwargs, processes=0), 3)
     b = af.batches(x, y, w, **kwargs, map_processes=2)
     assert b._feed.stacked is stacked
     _same_stream(_epochs(b, 3), expected)
-    procs = b._feed._procmap
-    assert procs is not None and procs.lent > 0  # results came back through shared memory
+    assert b._feed.processes == 2 and len(set(_workers(b))) == 2
 
 
-def test_results_held_by_the_caller_are_never_overwritten(write: Write) -> None:
-    """Every output area taken (all batches kept): results are copied out instead."""
+def test_results_held_by_the_caller_are_never_overwritten(
+    write: Write, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot taken (all batches kept): more slots are made, none is written over."""
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)  # 26 groups: more than slots
     x, y, w = _data(write, ("ndarray", "ndarray", "ndarray"))
     kwargs = {"batch_size": 4, "seed": 1, "map_batch": pair_up, "num_threads": 1}
-    reference = af.batches(x, y, w, **kwargs)
+    reference = af.batches(x, y, w, **kwargs, processes=0)
     expected = [_epochs(reference, 1), _epochs(reference, 1)]
     b = af.batches(x, y, w, **kwargs, map_processes=1)
-    b._feed.group_steps = 1  # 26 groups: more than the output areas
     kept = [_epochs(b, 1), _epochs(b, 1)]
-    procs = b._feed._procmap
-    assert procs is not None and procs.copied > 0 and procs.lent > 0
+    slots = b._feed._remote.slots
+    assert slots.made > slots.keep
     for got, want in zip(kept, expected, strict=True):
         _same_stream(got, want)
 
@@ -207,17 +218,21 @@ def test_results_held_by_the_caller_are_never_overwritten(write: Write) -> None:
 def test_from_arrays_stream_is_the_threads_stream_bit_for_bit(shuffle: bool, write: Write) -> None:
     x, y, w = _data(write)
     kwargs = {"batch_size": 12, "seed": 5, "shuffle": shuffle, "map_batch": python_rows}
-    expected = _epochs(af.from_arrays(x, y, w, **kwargs))
+    expected = _epochs(af.from_arrays(x, y, w, **kwargs, processes=0))
     ds = af.from_arrays(x, y, w, **kwargs, map_processes=2)
     _same_stream(_epochs(ds), expected)
     _same_stream(_epochs(af.batches(x, y, w, **kwargs, map_processes=1)), expected)
 
 
-def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs() -> None:
+def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * 7 * 8)  # groups of 2 batches
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_MAP_SECONDS", 1.0)
     kwargs = {"batch_size": 7, "seed": 8, "map_batch": slow_identity}
-    expected = _epochs(af.batches(np.arange(N), **kwargs), 2)
+    expected = _epochs(af.batches(np.arange(N), **kwargs, processes=0), 2)
     b = af.batches(np.arange(N), **kwargs, map_processes=2)
-    b._feed.group_steps = 2
+    assert b._feed.group_steps == 2
     first, second = iter(b), iter(b)
     got: tuple[list[Any], list[Any]] = ([], [])
     for pair in zip(first, second, strict=True):  # epoch 0 and epoch 1 at once
@@ -226,13 +241,14 @@ def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs() -> N
     _same_stream(got[0] + got[1], expected)
 
 
-def test_a_pickled_batches_starts_its_own_workers() -> None:
+def test_a_pickled_batches_has_its_own_link_to_the_loaders() -> None:
     b = af.batches(np.arange(N), batch_size=10, seed=2, map_batch=slow_identity, map_processes=1)
     first = list(b)
     copy = pickle.loads(pickle.dumps(b))
     copy.seek(0)
     _same_stream(list(copy), first)
-    assert set(_workers(copy)).isdisjoint(_workers(b))
+    assert copy._feed._remote is not b._feed._remote  # its own slots and channels
+    assert _workers(copy) == _workers(b)  # served by this process's loader
 
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -248,23 +264,30 @@ def test_map_processes_without_map_batch_is_refused() -> None:
         af.batches(np.arange(N), map_processes=2)
     with pytest.raises(af.ConfigError, match=r"`map_processes` \(2\) runs `map_batch` .* is None"):
         af.from_arrays(np.arange(N), map_processes=2)
-    for off in (None, 0):  # off: no workers, nothing refused
+    for off in (None, 0):  # off: in-memory arrays are read in this process by default
         b = af.batches(np.arange(N), map_processes=off)
-        assert b._feed._procmap is None
+        assert b._feed.processes == 0
         b = af.batches(np.arange(N), map_batch=slow_identity, map_processes=off)
-        assert b._feed._procmap is None
+        assert b._feed.processes == 0
+
+
+def test_map_processes_and_processes_must_agree() -> None:
+    with pytest.raises(af.ConfigError, match=r"`map_processes` \(2\) and `processes` \(1\)"):
+        af.batches(np.arange(N), map_batch=slow_identity, map_processes=2, processes=1)
+    b = af.batches(np.arange(N), map_batch=slow_identity, map_processes=2, processes=2)
+    assert b._feed.processes == 2
 
 
 def test_a_worker_exception_is_a_map_batch_error_with_its_traceback() -> None:
     b = af.batches(
-        np.arange(N), batch_size=10, shuffle=False, map_batch=fail_at_row_50, map_processes=2
+        np.arange(N), batch_size=10, shuffle=False, map_batch=slow_fail_at_row_50, map_processes=2
     )
-    b._feed.group_steps = 1  # one batch per group (fewer than the slots were sized for)
-    with pytest.raises(af.MapBatchError, match=r"`map_batch` raised KeyError: 'row 50'") as info:
+    assert b._feed.group_steps == 1  # one batch per group: the batches before it come first
+    with pytest.raises(af.MapBatchError, match=r"^`map_batch` raised KeyError: 'row 50'$") as info:
         list(b)
-    message = str(info.value)
-    assert "Traceback (most recent call last)" in message
-    assert "in fail_at_row_50" in message and 'raise KeyError("row 50")' in message
+    trace = str(info.value.__cause__)
+    assert "in the loader process" in trace and "Traceback (most recent call last)" in trace
+    assert "in fail_at_row_50" in trace and 'raise KeyError("row 50")' in trace
     assert b.position == (0, 5)  # the batches before it were yielded
     b.seek(0, 6)
     assert len(list(b)) == 5  # the workers live on
@@ -299,58 +322,36 @@ def test_results_unlike_the_first_are_named_as_threads_name_them(fn: Any, match:
     assert str(processes.value) == str(threads.value)
 
 
-def test_a_crashed_worker_is_named_and_replaced(
+def test_a_crashed_loader_is_named_and_replaced(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "crash").touch()  # the first worker to see row 50 removes it and crashes
-    monkeypatch.setenv("ARRAYFEED_TEST_EXIT", str(tmp_path / "crash"))
-    b = af.batches(
-        np.arange(N), batch_size=10, shuffle=False, map_batch=exit_at_row_50, map_processes=1
-    )
-    b._feed.group_steps = 1
-    with pytest.raises(af.MapBatchError, match=r"worker process \(pid \d+\) exited with code 3"):
+    (tmp_path / "crash").touch()  # the first loader to see row 50 removes it and crashes
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
+    crash = functools.partial(exit_at_row_50, marker=str(tmp_path / "crash"))
+    b = af.batches(np.arange(N), batch_size=10, shuffle=False, map_batch=crash, map_processes=1)
+    with pytest.raises(af.LoaderError, match=r"loader process \(pid \d+\) exited with code 3"):
         list(b)
     b.seek(0)
     np.testing.assert_array_equal(np.concatenate(list(b)), np.arange(N))
     assert _zombies() == []
 
 
-# -- spawn -----------------------------------------------------------------------------------------
-@pytest.fixture
-def spawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Workers start with 'spawn' (without fixing this process's multiprocessing default)."""
-    monkeypatch.setattr(procmap, "start_method", lambda: "spawn")
+# -- what travels to a loader ----------------------------------------------------------------------
+def test_a_lambda_and_its_closure_travel_to_the_loaders() -> None:
+    offset = 1000
+    kwargs = {"batch_size": 9, "seed": 7, "map_batch": lambda batch: batch + offset}
+    expected = _epochs(af.batches(np.arange(N), **kwargs, processes=0))
+    _same_stream(_epochs(af.batches(np.arange(N), **kwargs, map_processes=2)), expected)
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("spawn")
-def test_spawn_start_method_works(write: Write) -> None:
-    x, y, w = _data(write)
-    kwargs = {"batch_size": 9, "seed": 7, "map_batch": pair_up}
-    expected = _epochs(af.batches(x, y, w, **kwargs))
-    b = af.batches(x, y, w, **kwargs, map_processes=2)
-    _same_stream(_epochs(b), expected)
-    pids = _workers(b)
-    del b
-    assert _gone(pids)
-
-
-@pytest.mark.usefixtures("spawn")
-def test_spawn_refuses_a_map_batch_it_cannot_pickle() -> None:
-    fix = r"define it with `def` at the top level of an importable module .*'fork'"
-    with pytest.raises(af.ConfigError, match=rf"`map_batch` cannot be pickled .*'spawn'; {fix}"):
-        af.batches(np.arange(N), map_batch=lambda b: b, map_processes=2)
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("spawn")
-def test_spawn_names_a_map_batch_its_workers_cannot_import() -> None:
-    module = types.ModuleType("arrayfeed_test_only_here")  # importable here, not in a child
+def test_a_map_batch_its_loaders_cannot_import_is_named() -> None:
+    module = types.ModuleType("arrayfeed_test_only_here")  # importable here, not in a loader
     exec("def identity(batch):\n    return batch\n", module.__dict__)
     sys.modules[module.__name__] = module
     try:
         b = af.batches(np.arange(N), map_batch=module.identity, map_processes=1)
-        with pytest.raises(af.MapBatchError, match=r"could not be loaded in a worker process"):
+        with pytest.raises(af.LoaderError, match=r"could not load this dataset's feed .*"
+                           r"ModuleNotFoundError.*arrayfeed_test_only_here"):
             list(b)
     finally:
         del sys.modules[module.__name__]
@@ -363,7 +364,10 @@ def test_spawn_names_a_map_batch_its_workers_cannot_import() -> None:
 def test_abandoned_iterators_leave_no_segments_processes_or_files(entry: str) -> None:
     x = np.random.default_rng(0).random((2000, 16), dtype=np.float32)
     make = af.batches if entry == "batches" else af.from_arrays
+    gc.collect()
+    mapped = _shared_mappings()  # slots of datasets other tests left alive
     ds = make(x, np.arange(2000), batch_size=8, seed=0, map_batch=python_rows_xy, map_processes=2)
+    feed_id = _feed(ds)._remote.feed_id
     for _ in range(3):  # warm up: workers started, TensorFlow's one-off threads and files
         it = iter(ds)
         next(it)
@@ -383,12 +387,13 @@ def test_abandoned_iterators_leave_no_segments_processes_or_files(entry: str) ->
     assert _zombies() == []
     assert _shm() - before[1] == set()  # no shared-memory segment
     assert psutil.Process().num_fds() <= before[2]
-    assert _shared_mappings() == before[3] >= 1  # one shared file, mapped once
+    assert _shared_mappings() == before[3] > mapped  # the same slots, mapped once each
     assert _workers(ds) == pids
     del ds
-    assert _gone(pids)  # deleting the dataset stops its workers …
+    gc.collect()
+    assert _shared_mappings() == mapped  # deleting the dataset unmaps its slots …
+    assert all(feed_id not in users for users in loader_processes.loaders()._users.values())  # … ends it
     assert _zombies() == []
-    assert _shared_mappings() == before[3] - 1  # … and unmaps its shared file
     assert _shm() - before[1] == set()
 
 
@@ -397,17 +402,43 @@ def python_rows_xy(batch: Any) -> Any:
     return np.array([sum(row) for row in x.tolist()], dtype=np.float32), y
 
 
+_DELETING_SCRIPT = """
+import gc, sys, time
+import numpy as np
+import arrayfeed as af
+from arrayfeed._pipeline.loader.processes import LINGER_SECONDS, loaders
+
+def slow_identity(batch):
+    time.sleep(0.02)
+    return batch
+
+make = af.batches if sys.argv[1] == "batches" else af.from_arrays
+ds = make(np.arange(103), batch_size=5, seed=0, map_batch=slow_identity, map_processes=2)
+it = iter(ds)
+next(it)  # an iterator still alive, mid-epoch, with groups in the loaders
+print(*loaders().pids(), flush=True)
+del it, ds
+gc.collect()
+time.sleep(LINGER_SECONDS + 1)
+print(*loaders().pids(), flush=True)
+"""
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["batches", "from_arrays"])
-def test_deleting_the_dataset_stops_its_workers(entry: str) -> None:
-    make = af.batches if entry == "batches" else af.from_arrays
-    ds = make(np.arange(N), batch_size=5, seed=0, map_batch=slow_identity, map_processes=2)
-    it = iter(ds)
-    next(it)  # an iterator still alive, mid-epoch, with groups in the workers
-    pids = _workers(ds)
-    assert len(pids) == 2 and all(psutil.pid_exists(p) for p in pids)
-    del it, ds
+def test_deleting_the_dataset_stops_its_loaders(entry: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_DELETING_SCRIPT), entry],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+        check=True,
+    )
+    running, after = done.stdout.splitlines()
+    pids = [int(p) for p in running.split()]
+    assert len(pids) == 2 and after == ""  # the only dataset gone: its loaders stopped
     assert _gone(pids)
-    assert _zombies() == []
 
 
 def test_ctrl_c_in_the_loop_leaves_the_workers_usable() -> None:
@@ -418,8 +449,6 @@ def test_ctrl_c_in_the_loop_leaves_the_workers_usable() -> None:
     pids = _workers(b)
     assert len(list(b)) == len(b)  # the next epoch, on the same workers
     assert _workers(b) == pids
-    del b
-    assert _gone(pids)
 
 
 _CTRL_C_SCRIPT = """
@@ -434,7 +463,7 @@ def slow_identity(batch):
 b = af.batches(np.arange(10_000), batch_size=5, map_batch=slow_identity, map_processes=2)
 for i, _ in enumerate(b):
     if i == 2:
-        print(*[w.pid for w in b._feed._procmap._workers], flush=True)
+        print(*[link.process.pid for link in b._feed._remote._links], flush=True)
 """
 
 

@@ -1,25 +1,14 @@
-"""The ``map_batch`` contract: the probe, the per-batch check, and the typed worker replies."""
+"""The ``map_batch`` contract: the probe and the per-batch check."""
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.mapbatch import (
-    Contract,
-    LeafSpec,
-    Mapped,
-    Raised,
-    Refused,
-    is_array,
-    probe,
-)
-from arrayfeed._pipeline.mapworker import Job, LoadFailed, Ready, Task, _run
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.mapbatch import Contract, LeafSpec, is_array, probe
 
 BATCH = {"a": np.arange(8), "b": np.ones((8, 3), np.float32)}
 
@@ -90,90 +79,3 @@ def test_apply_names_what_map_batch_raised() -> None:
 def test_is_array_tells_leaves_from_structures() -> None:
     assert is_array(np.zeros(2)) and is_array(np.float32(1))
     assert not is_array((np.zeros(2),)) and not is_array([1]) and not is_array({})
-
-
-def test_messages_across_the_pipe_are_picklable_values() -> None:
-    task = Task(((64, (2, 8), "<i8"),), ((192, (2, 8), "<f4"),), steps=2, rows=8, stacked=True)
-    contract = _contract()
-    for message in (
-        Mapped(),
-        Raised("KeyError", "'x'", "Traceback ..."),
-        Refused("no"),
-        task,
-        Ready(7),
-        LoadFailed("Traceback ..."),
-        Job(np.negative, flatten(BATCH, is_array)[1], contract),
-    ):
-        assert pickle.loads(pickle.dumps(message)) == message
-
-
-def test_replies_raise_what_a_reader_thread_raises() -> None:
-    try:
-        {}["row 50"]
-    except KeyError as exc:
-        raised = Raised.of(exc)
-    assert (raised.name, raised.message) == ("KeyError", "'row 50'")
-    error = raised.error()
-    assert isinstance(error, af.MapBatchError)
-    assert str(error).startswith(
-        "`map_batch` raised KeyError: 'row 50' (in a worker process; its traceback:)\n"
-        "Traceback (most recent call last):"
-    )
-    assert str(Refused("the message").error()) == "the message"
-
-
-def _group(fn: Any, steps: int = 2, rows: int = 4) -> tuple[Any, np.ndarray, np.ndarray]:
-    """Run a stacked group of ``steps`` batches of ``rows`` through a worker's task runner, in
-    this process, over a plain buffer standing in for the shared file."""
-    x = np.arange(steps * rows, dtype=np.int64).reshape(steps, rows)
-    contract, _ = probe(fn, x[0], rows=rows, batch_size=rows)
-    buf = np.zeros(1024, np.uint8)
-    buf[: x.nbytes] = x.view(np.uint8).ravel()
-    spec = contract.specs[0]
-    task = Task(
-        ((0, x.shape, x.dtype.str),),
-        ((512, (steps, rows, *spec.row_shape), spec.dtype.str),),
-        steps=steps,
-        rows=rows,
-        stacked=True,
-    )
-    _, treedef = flatten(x[0], is_array)
-    reply = _run(Job(fn, treedef, contract), buf, task)
-    out = buf[512 : 512 + x.size * spec.dtype.itemsize].view(spec.dtype).reshape(x.shape)
-    return reply, x, out
-
-
-def test_a_worker_maps_a_group_in_place() -> None:
-    reply, x, out = _group(lambda b: b * 10)
-    assert reply == Mapped()
-    np.testing.assert_array_equal(out, x * 10)
-
-
-def test_a_worker_refuses_with_the_threads_message() -> None:
-    calls = [0]
-
-    def changes(batch: np.ndarray) -> np.ndarray:
-        calls[0] += 1
-        return batch if calls[0] < 3 else batch.astype(np.float32)
-
-    reply, _, _ = _group(changes)
-    assert isinstance(reply, Refused)
-    with pytest.raises(af.MapBatchError) as threads:
-        _contract_of(np.arange(4)).check(np.zeros(4, np.float32), rows=4)
-    assert reply.message == str(threads.value)
-
-
-def _contract_of(batch: np.ndarray) -> Contract:
-    return probe(lambda b: b, batch, rows=len(batch), batch_size=len(batch))[0]
-
-
-def test_a_worker_reports_what_map_batch_raised() -> None:
-    def fail(batch: np.ndarray) -> np.ndarray:
-        if batch[0] >= 4:
-            raise ValueError("second batch")
-        return batch
-
-    reply, _, _ = _group(fail)
-    assert isinstance(reply, Raised)
-    assert (reply.name, reply.message) == ("ValueError", "second batch")
-    assert "in fail" in reply.traceback

@@ -27,6 +27,7 @@ KNOBS = [
     "map_processes",
     "sparse",
     "storage_options",
+    "processes",
 ]
 ENTRY_POINTS = [af.from_arrays, af.batches]
 

@@ -222,7 +222,14 @@ def test_from_arrays_holds_the_labels_of_an_arrayfeed_convert_store(tmp_path: Pa
     with h5py.File(tmp_path / "c.h5", "r") as f:
         assert f["y"].chunks is not None  # labels chunked beside the features
         stored = af.batches(
-            f["x"], f["y"], batch_size=64, shuffle="block", seed=3, shard=None, drop_remainder=True
+            f["x"],
+            f["y"],
+            batch_size=64,
+            shuffle="block",
+            seed=3,
+            shard=None,
+            drop_remainder=True,
+            processes=0,  # the labels are held in this process, where the test looks
         )
         got = [(bx.copy(), by.copy()) for bx, by in stored]
         assert isinstance(stored._feed.readable[1], Resident) and stored._feed.readable[1].loaded
@@ -265,6 +272,7 @@ def test_a_zarr_label_leaf_is_read_once_through_its_checksums(
             seed=5,
             shard=None,
             num_threads=2,
+            processes=0,  # the chunk reads counted are this process's
         )
 
     monkeypatch.setattr(ChunkReader, "_read_file", staticmethod(counted))
@@ -315,7 +323,7 @@ def test_map_processes_beside_held_labels(tmp_path: Path) -> None:
             seen = np.concatenate([by for _, by in got])
             assert sorted(seen.tolist()) == list(range(0, 6 * N, 6))
         held = stream._feed.readable[1]
-        assert isinstance(held, Resident) and held.loaded
+        assert isinstance(held, Resident) and not held.loaded  # held by the loader, not here
         del stream
 
 
@@ -349,6 +357,7 @@ def test_sparse_rows_beside_held_labels(tmp_path: Path, shuffle: Any, sparse: bo
         seed=4,
         shard=None,
         sparse=sparse,
+        processes=0,  # the labels are held in this process, where the test looks
     )
     held = stream._feed.readable
     assert not isinstance(held[0], Resident) and isinstance(held[1], Resident)

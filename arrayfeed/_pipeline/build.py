@@ -19,9 +19,9 @@ from .._errors import ConfigError, ShapeError, StructureError
 from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
 from .._validate import flag, integer
 from .feed import Feed
+from .loader.policy import loader_processes
 from .options import FeedArgs
 from .plan import Plan, check_position
-from .procmap import check_map_processes
 from .shard import Shard
 from .shuffles import shuffle_mode
 from .sparse import SparseFeed, check_sparse
@@ -55,11 +55,11 @@ def build_feed(
     ``caller`` is the entry point's name, as messages cite it; ``shard_kinds`` lists the kinds of
     ``shard`` it accepts, for the message refusing any other. Checks run in a fixed order (the
     structure and arrays, ``shard``, ``shuffle``, the plan's arguments, ``num_threads``,
-    ``map_batch``, ``map_processes``, ``sparse``, the start position, the seed needed to resume),
+    ``map_batch``, ``sparse``, ``processes`` and ``map_processes``, the start position, the seed needed to resume),
     so a call with several mistakes reports the same one whichever entry point it went through.
     """
     x, y, seed, map_batch = args.x, args.y, args.seed, args.map_batch
-    treedef, sources = sources_of(
+    treedef, sources, names = sources_of(
         x, y, args.sample_weight, caller=caller, storage_options=args.storage_options
     )
     resolved, ours = resolve_shard(args.shard, shard_kinds)
@@ -81,8 +81,15 @@ def build_feed(
         threads = integer(threads, "num_threads", low=1)
     if map_batch is not None:
         check_map_batch(map_batch, y is not None)
-    processes = check_map_processes(args.map_processes, map_batch)
     sparse_out = check_sparse(args.sparse, sources, map_batch, caller)
+    processes, required = loader_processes(
+        args.processes,
+        args.map_processes,
+        map_batch=map_batch,
+        sources=sources,
+        names=names,
+        sparse=sparse_out,
+    )
     start = check_position(
         plan.steps, args.start_epoch, args.start_step, ("start_epoch", "start_step")
     )
@@ -98,7 +105,8 @@ def build_feed(
         plan,
         map_batch=map_batch,
         num_threads=threads,
-        map_processes=processes,
+        processes=processes,
+        loader_required=required,
     )
     feed.seed_drawn = seed is None
     feed.seek(*start)
@@ -112,8 +120,9 @@ def sources_of(
     *,
     caller: str = "from_arrays",
     storage_options: Any = None,
-) -> tuple[Treedef, list[Source]]:
-    """The element's structure and one checked :class:`Source` per leaf, all of one length."""
+) -> tuple[Treedef, list[Source], list[str]]:
+    """The element's structure, one checked :class:`Source` per leaf, all of one length, and
+    the leaves' names as messages cite them (``x['image']``, ``y``)."""
     if x is None:
         raise StructureError("`x` is None; give at least one array as `x`.")
     if sample_weight is not None and y is None:
@@ -146,7 +155,7 @@ def sources_of(
             f"all arrays must have the same number of rows (axis 0), got {listing}; "
             f"trim or align them before calling {caller}."
         )
-    return treedef, sources
+    return treedef, sources, names
 
 
 def check_map_batch(map_batch: Any, has_y: bool) -> None:

@@ -9,7 +9,7 @@ one place where ``output_signature`` is built.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -131,11 +131,12 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
     if feed.stacked:
         # Groups are prefetched, and split where they are consumed: a prefetch hands every element
         # to another thread, and one hand-off per batch of small rows costs more than the batch
-        # (docs/performance.md, "Prefetching groups, not batches"). Large batches are prefetched
-        # after the split too, so that copying each out of its group overlaps with the consumer.
-        ds = ds.prefetch(1).unbatch()
-        if _batch_bytes(feed) >= PREFETCH_BATCH_BYTES:
-            ds = ds.prefetch(2)
+        # (docs/performance.md, "Prefetching groups, not batches"). A large batch is a slice
+        # sharing its group's memory, where unbatch would copy it into fresh pages.
+        if _batch_bytes(feed) >= SLICED_BATCH_BYTES:
+            ds = ds.prefetch(1).flat_map(_slices(ds.element_spec))
+        else:
+            ds = ds.prefetch(1).unbatch()
     else:
         ds = ds.prefetch(2)
     if first_pass_short:
@@ -152,8 +153,28 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
     return ds.with_options(options)
 
 
-#: Batches of at least this many bytes are prefetched one by one after a group is split.
-PREFETCH_BATCH_BYTES = 1 << 20
+#: Batches of at least this many bytes are split from their group as slices that share its
+#: memory (a function call per batch), smaller ones copied out by ``unbatch`` (none per batch).
+SLICED_BATCH_BYTES = 1 << 20
+
+
+def _slices(structure: Any) -> Callable[..., tf.data.Dataset]:
+    """For ``flat_map``: the batches of a group whose elements have ``structure`` (the leaves
+    stacked on a leading axis), each leaf ``leaf[i]``. A slice along the group axis of an aligned
+    buffer is a view of it; TensorFlow copies only a slice it cannot align."""
+
+    @tf.autograph.experimental.do_not_convert  # type: ignore[untyped-decorator]
+    def split(*group: Any) -> tf.data.Dataset:
+        leaves = tf.nest.flatten(group)
+        steps = tf.shape(leaves[0], out_type=tf.int64)[0]
+
+        @tf.autograph.experimental.do_not_convert  # type: ignore[untyped-decorator]
+        def batch(i: tf.Tensor) -> Any:
+            return tf.nest.pack_sequence_as(structure, [leaf[i] for leaf in leaves])
+
+        return tf.data.Dataset.range(steps).map(batch)
+
+    return split  # type: ignore[no-any-return]
 
 
 def _batch_bytes(feed: Feed) -> int:

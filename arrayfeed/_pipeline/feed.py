@@ -10,17 +10,16 @@ batches in the graph (``Batches`` into NumPy views), which amortises the per-ele
 ``from_generator``. When one batch alone is about a group's size (large rows), batches are
 yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
-Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order. With
-``map_processes=N``, ``map_batch`` runs in N worker processes instead (:mod:`.procmap`), and
-there are at least 2N + 1 reader threads: two waiting on each worker (one group mapped, the
-next queued), one reading.
+Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order
+(:class:`EpochPass`). With ``processes=N`` that pool runs in N loader processes instead, each
+reading the groups given to it into shared memory (:mod:`.loader`): the epochs, their order and
+their bytes are the same, only where the reading happens differs.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,19 +28,19 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import native_dtype
+from .._errors import ConfigError
 from .._forks import renew_after_fork
 from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
 from .blocks import WindowCache
 from .indexblocks import EpochIndices
+from .loader.client import RemoteFeed
 from .mapbatch import Contract, LeafSpec, probe
-from .mapworker import Job
 from .plan import Plan, check_position
-from .procmap import ProcessMap
-from .read import BufferPool, read_rows
+from .read import Allocator, BufferPool, read_rows
 from .resident import resident_sources
 from .structure import Treedef
 
-__all__ = ["Feed", "default_num_threads", "usable_cores"]
+__all__ = ["EpochPass", "Feed", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
 #: is whole batches, so usually a little less). Big, because every ``from_generator`` element has
@@ -101,7 +100,8 @@ class Feed:
         *,
         map_batch: Callable[[Any], Any] | None = None,
         num_threads: int | None = None,
-        map_processes: int = 0,
+        processes: int = 0,
+        loader_required: bool = False,
     ) -> None:
         self.sources = list(sources)
         #: What groups read each leaf through: small chunked leaves are held in memory.
@@ -109,11 +109,11 @@ class Feed:
         self.in_treedef = treedef
         self.plan = plan
         self.map_batch = map_batch
-        self.map_processes = map_processes if map_batch is not None else 0
-        self.num_threads = max(
-            num_threads or default_num_threads(mapped=map_batch is not None and not map_processes),
-            2 * self.map_processes + 1,
-        )
+        #: Loader processes reading this feed's epochs (0: this process's reader threads), and
+        #: whether they were asked for (else a feed that cannot be sent to one is read here).
+        self.processes, self.loader_required = processes, loader_required
+        #: Reader threads (of each loader process, if any).
+        self.num_threads = num_threads or default_num_threads(mapped=map_batch is not None)
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._next = (0, 0)  # where the next call starts (:meth:`seek` moves it)
@@ -138,11 +138,13 @@ class Feed:
         self.group_steps = int(max(1, steps))
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
-        self._procmap = self._new_procmap()
+        self._remote = self._new_remote()
 
     def _group_bytes(self) -> int:
         """Target bytes per group (see :data:`MAX_GROUP_BYTES`)."""
-        if self.map_batch is not None or not all(isinstance(s, GatherInto) for s in self.sources):
+        if self.processes or self.map_batch is not None:  # a loader's group costs one message here
+            return GROUP_BYTES
+        if not all(isinstance(s, GatherInto) for s in self.sources):
             return GROUP_BYTES
         ahead = READ_AHEAD_BYTES // (self.num_threads + 1)
         return min(MAX_GROUP_BYTES, max(GROUP_BYTES, ahead))
@@ -168,22 +170,31 @@ class Feed:
             max_bytes=max(256 << 20, 2 * in_use * per_group),
         )
 
-    def _new_procmap(self) -> ProcessMap | None:
-        # The workers go with the feed (its dataset or Batches); the finalizer holds them, not it.
-        if not self.map_processes:
+    def _new_remote(self) -> RemoteFeed | None:
+        """The link to this feed's loader processes (started now, so that they are ready by the
+        first epoch), or None when this process reads."""
+        if not self.processes:
             return None
-        assert self.map_batch is not None and self.contract is not None
-        procmap = ProcessMap(
-            Job(self.map_batch, self.in_treedef, self.contract),
-            self.map_processes,
-            in_specs=[(tuple(s.shape[1:]), native_dtype(s.dtype)) for s in self.sources],
-            out_specs=[(s.row_shape, s.dtype) for s in self.specs],
-            group_rows=self.group_steps * self.plan.batch_size,
-            slots=self.num_threads + 1,
-            lends=self.num_threads + 6,  # groups read ahead, yielded and held downstream
-        )
-        weakref.finalize(self, procmap.close)
-        return procmap
+        import cloudpickle  # by value: a `map_batch` defined in a script's `__main__` travels too
+
+        state = self.__getstate__()
+        state["processes"] = 0  # a loader reads in its own threads
+        copy = type(self).__new__(type(self))
+        copy.__setstate__(state)
+        try:
+            blob = cloudpickle.dumps(copy)
+        except Exception as exc:
+            if not self.loader_required:
+                self.processes = 0  # the default reads here what cannot travel
+                return None
+            raise ConfigError(
+                f"`processes={self.processes}` reads in loader processes, but this dataset "
+                f"cannot be sent to one ({type(exc).__name__}: {exc}): `map_batch` and the "
+                "arrays travel pickled, and something they hold (a lock, an open file, a "
+                "generator) cannot be. Make `map_batch` a plain function, or pass `processes=0` "
+                "to read in this process."
+            ) from exc
+        return RemoteFeed(self, self.processes, blob)
 
     def _new_window_pool(self) -> BufferPool:
         # Window buffers of every chunked leaf, as many as a cache holds.
@@ -237,9 +248,10 @@ class Feed:
         at its first request (sources verified), for callers that need to know the position."""
         epoch, start_step = self._take_epoch()
         verify_sources(self.sources)
-        if self._procmap is not None:
-            self._procmap.start()
-        return epoch, start_step, self.epoch(epoch, start_step)
+        if self._remote is not None and self._remote.pid != os.getpid():
+            self._remote = self._new_remote()  # a forked child: its own loaders and slots
+        groups = self._remote.epoch if self._remote is not None else self.epoch
+        return epoch, start_step, groups(epoch, start_step)
 
     def seek(self, epoch: int, step: int = 0) -> None:
         """Make the next call (the next iteration of the dataset) start at ``step`` of ``epoch``."""
@@ -256,7 +268,8 @@ class Feed:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Locks cannot be pickled, and buffers are not worth it: the copy gets its own.
-        del state["_lock"], state["pool"], state["_window_pool"], state["_procmap"]
+        del state["_lock"], state["pool"], state["_window_pool"]
+        state.pop("_remote", None)  # absent while the link itself is being made
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -265,7 +278,7 @@ class Feed:
         renew_after_fork(self, "_lock")
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
-        self._procmap = self._new_procmap()
+        self._remote = self._new_remote()
 
     def groups(self, start_step: int = 0) -> list[tuple[int, int]]:
         """``(first_step, stop_step)`` of each group; a short last batch is a group of its own."""
@@ -278,44 +291,29 @@ class Feed:
             bounds.append((full, full + 1))
         return bounds
 
+    def group_owner(self, epoch: int) -> Callable[[int], int]:
+        """A key of each group of ``epoch`` (by its first step) for dealing groups out among
+        loaders: consecutive groups, or, in a shuffle mode that reads windows, the window a
+        group starts in (a window's groups then go to one loader, which reads it once)."""
+        if not self.plan.mode.reads_windows:
+            steps = self.group_steps
+            return lambda first: first // steps
+        order, batch = self.plan.block_order(epoch), self.plan.batch_size
+        return lambda first: int(order.window_at(first * batch))
+
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
         """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order."""
         todo = deque(self.groups(start_step))
         depth = self.num_threads + 1
-        readers = self.readers(epoch)
-        indices = EpochIndices(
-            self.plan, epoch, start_step, self.group_steps, lambda n: self.pool.empty((n,), _INDEX)
-        )
-        caches = [r for r in readers if isinstance(r, WindowCache)]
-        warmed: set[int] = set()
-        pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="arrayfeed-read")
+        reading = EpochPass(self, epoch, start_step)
         pending: deque[Future[Any]] = deque()
         try:
             while todo or pending:
                 while todo and len(pending) < depth:
-                    first, stop = todo.popleft()
-                    pending.append(
-                        pool.submit(self.read_group, epoch, first, stop, readers, indices)
-                    )
-                    block = indices.block_of(first)
-                    if indices.starts[block] == first:  # compute the next block while this is read
-                        pool.submit(indices.prepare, block + 1)
-                    if caches:  # read the next window while groups are served from this one
-                        last = min(stop * self.plan.batch_size, self.plan.rows_per_epoch) - 1
-                        ahead = caches[0].order.window_at(last) + 1
-                        if ahead not in warmed:
-                            warmed.add(ahead)
-                            # One thread reads groups and windows in turn: decoding the next
-                            # window here would only hold back the groups of this one, so it is
-                            # only announced (object storage starts fetching it).
-                            read = self.num_threads > 1
-                            for cache in caches:
-                                pool.submit(cache.prefetch_window, ahead, read)
+                    pending.append(reading.submit(*todo.popleft()))
                 yield pending.popleft().result()
         finally:
-            for future in pending:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            reading.close()
 
     # -- reading --------------------------------------------------------------------------------
     def read_group(
@@ -325,27 +323,28 @@ class Feed:
         stop: int,
         readers: Sequence[Source] | None = None,
         blocks: EpochIndices | None = None,
+        out: Allocator | None = None,
     ) -> Any:
         """Steps ``[first, stop)`` of ``epoch`` in the output structure: per leaf, the batches
         stacked on a leading axis when :attr:`stacked`, else the one batch itself. ``blocks``:
-        the epoch's indices, shared by its groups (else this group's are computed here)."""
+        the epoch's indices, shared by its groups (else this group's are computed here);
+        ``out``: where the group's arrays go (a loader's shared memory; default: the pool)."""
         plan = self.plan
         rows = plan.batch_rows(first)
         lead = (stop - first, rows) if self.stacked else (rows,)
         indices = self.group_indices(epoch, first, stop, blocks)
-        if self._procmap is not None:
-            outs = self._procmap.map_group(readers or self.readable, indices, lead, self.pool)
-            return self.treedef.unflatten(outs)
-        leaves = read_rows(readers or self.readable, indices, lead_shape=lead, pool=self.pool)
+        into = out or self.pool
         if self.map_batch is None:
+            leaves = read_rows(readers or self.readable, indices, lead_shape=lead, pool=into)
             return self.treedef.unflatten(leaves)
+        leaves = read_rows(readers or self.readable, indices, lead_shape=lead, pool=self.pool)
         assert self.contract is not None
-        outs = [self.pool.empty((*lead, *s.row_shape), s.dtype) for s in self.specs]
+        outs = [into.empty((*lead, *s.row_shape), s.dtype) for s in self.specs]
         for i in range(stop - first):
             batch = [leaf[i] for leaf in leaves] if self.stacked else leaves
             outputs = self.contract.apply(self.map_batch, self.in_treedef.unflatten(batch), rows)
-            for out, value in zip(outs, outputs, strict=True):
-                out[i if self.stacked else slice(None)] = value
+            for leaf, value in zip(outs, outputs, strict=True):
+                leaf[i if self.stacked else slice(None)] = value
         return self.treedef.unflatten(outs)
 
     def group_indices(
@@ -367,3 +366,44 @@ class Feed:
         leaves = read_rows(self.sources, np.arange(start, start + rows, dtype=np.int64))
         batch = self.in_treedef.unflatten(leaves)
         return probe(self.map_batch, batch, rows, self.plan.batch_size)
+
+
+class EpochPass:
+    """One pass over ``epoch`` from ``start_step`` on: groups read by the feed's reader threads,
+    each into memory of the caller's choice, with the feed's reading ahead (the next block of
+    indices, the next window of a block shuffle). Groups are submitted in order."""
+
+    def __init__(self, feed: Feed, epoch: int, start_step: int = 0) -> None:
+        self.feed, self.epoch = feed, epoch
+        self.readers = feed.readers(epoch)
+        self.indices = EpochIndices(
+            feed.plan, epoch, start_step, feed.group_steps, lambda n: feed.pool.empty((n,), _INDEX)
+        )
+        self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
+        self._warmed: set[int] = set()
+        self._pool = ThreadPoolExecutor(feed.num_threads, thread_name_prefix="arrayfeed-read")
+
+    def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
+        """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
+        feed = self.feed
+        future = self._pool.submit(
+            feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
+        )
+        block = self.indices.block_of(first)
+        if self.indices.starts[block] == first:  # compute the next block while this is read
+            self._pool.submit(self.indices.prepare, block + 1)
+        if self._caches:  # read the next window while groups are served from this one
+            last = min(stop * feed.plan.batch_size, feed.plan.rows_per_epoch) - 1
+            ahead = self._caches[0].order.window_at(last) + 1
+            if ahead not in self._warmed:
+                self._warmed.add(ahead)
+                # With one thread, decoding the next window would hold back this one's groups:
+                # it is only announced (object storage starts fetching it).
+                read = feed.num_threads > 1
+                for cache in self._caches:
+                    self._pool.submit(cache.prefetch_window, ahead, read)
+        return future
+
+    def close(self) -> None:
+        """Drop what was not started; wait for what was."""
+        self._pool.shutdown(wait=True, cancel_futures=True)

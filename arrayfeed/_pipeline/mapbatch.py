@@ -6,20 +6,16 @@ shape and dtype (and how long a batch takes). Every later batch is held to that 
 :meth:`Contract.check`, one message for each way a result can differ, so the dataset's
 signature and the buffers sized from it stay true.
 
-Reader threads call ``map_batch`` through :meth:`Contract.apply`. Worker processes
-(:mod:`.procmap`) run the same check on their side and answer each group with a reply below
-(:class:`Mapped`, :class:`Raised`, :class:`Refused`: small frozen dataclasses, pickled across the
-process boundary); :meth:`Raised.error` and :meth:`Refused.error` give the parent the error a
-reader thread raises for the same batch, word for word.
+Reader threads call ``map_batch`` through :meth:`Contract.apply`, in this process or in a loader
+process (:mod:`.loader`), whose errors come back here as the same exceptions, word for word.
 """
 
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
@@ -27,16 +23,7 @@ from .._dtypes import native_dtype
 from .._errors import DtypeError, MapBatchError, StructureError
 from .structure import Treedef, flatten
 
-__all__ = [
-    "Contract",
-    "LeafSpec",
-    "Mapped",
-    "Raised",
-    "Refused",
-    "Reply",
-    "is_array",
-    "probe",
-]
+__all__ = ["Contract", "LeafSpec", "is_array", "probe"]
 
 #: How the results of ``map_batch`` are named in messages (``map_batch(...)['image']``).
 RESULT = "map_batch(...)"
@@ -146,44 +133,3 @@ def _batch_size_changed(name: str, array: np.ndarray, rows: int) -> MapBatchErro
 
 def _describe(treedef: Treedef) -> str:
     return ", ".join(treedef.leaf_paths("out")) if treedef.kind != "leaf" else "a single array"
-
-
-# -- a worker process's reply for one group ------------------------------------------------------
-@dataclass(frozen=True)
-class Mapped:
-    """Every batch of the group was mapped, and its results written where the task said."""
-
-
-@dataclass(frozen=True)
-class Raised:
-    """``map_batch`` (or the worker's handling of its result) raised ``name: message``."""
-
-    name: str
-    message: str
-    traceback: str
-
-    @classmethod
-    def of(cls, exc: BaseException) -> Raised:
-        """The reply for ``exc``, caught in the worker."""
-        return cls(type(exc).__name__, str(exc), traceback.format_exc())
-
-    def error(self) -> MapBatchError:
-        """The error raised in the parent, with the worker's traceback."""
-        return MapBatchError(
-            f"`map_batch` raised {self.name}: {self.message} (in a worker process; its "
-            f"traceback:)\n{self.traceback.rstrip()}"
-        )
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A result broke the contract: ``message`` is the one :meth:`Contract.check` raised."""
-
-    message: str
-
-    def error(self) -> MapBatchError:
-        """The error raised in the parent: the one a reader thread raises for that result."""
-        return MapBatchError(self.message)
-
-
-Reply: TypeAlias = "Mapped | Raised | Refused"

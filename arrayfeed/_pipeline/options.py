@@ -78,14 +78,9 @@ class FeedArgs:
             there on, and later ones whole epochs. A saved :attr:`Batches.position` is passed
             back as ``(start_epoch, start_step)``; for Keras, use
             :class:`arrayfeed.ResumeCallback` instead.
-        map_processes: Run ``map_batch`` in this many worker processes instead of reader
-            threads: for transforms that hold the GIL (a Python loop per row: crops, tokenising,
-            decoding). ``None`` or 0: threads. The batches are the same, bit for bit. Batches go
-            to the workers and back through shared memory; ``map_batch`` is still called once
-            here first (to learn its output). Workers start with the first epoch, use
-            multiprocessing's start method (under ``spawn``/``forkserver``, ``map_batch`` must
-            be picklable: a module-level function) and stop when what this returns is deleted.
-            An exception in a worker is raised here as :class:`MapBatchError` with its traceback.
+        map_processes: The older name of ``processes`` for a ``map_batch`` that holds the GIL (a
+            Python loop per row: crops, tokenising, decoding): ``map_processes=N`` is
+            ``processes=N``, whose loaders read and map. Needs ``map_batch``.
         sparse: Yield each sparse leaf (an AnnData CSR group, a ``scipy.sparse`` CSR matrix) as
             a sparse batch of shape ``(batch rows, n_cols)`` — a ``tf.SparseTensor`` from
             :func:`arrayfeed.from_arrays` (one batch per element), a ``scipy.sparse.csr_array``
@@ -96,6 +91,20 @@ class FeedArgs:
         storage_options: Options of the fsspec filesystem of leaves given as URLs
             (``"s3://bucket/train.zarr:x"``): credentials, ``endpoint_url`` … (the environment's
             ``AWS_*`` variables work too); see :func:`arrayfeed.open_array`.
+        processes: Loader processes that read the batches beside this one (index planning,
+            reads, decoding, checksums, ``map_batch``: everything), handing each group over in
+            shared memory, so that this process (the training loop) only takes finished batches.
+            ``None`` (the default): one loader when every leaf can be read from another process
+            (paths, URLs, ``h5py`` / Zarr arrays of files opened read-only, ``np.load(...,
+            mmap_mode="r")`` memory maps; in-memory arrays up to 64 MiB travel with them), the
+            batches are dense, ``map_batch`` can be pickled and this process may use two cores
+            or more; otherwise (and when every leaf is an array in memory) reader threads in
+            this process. ``0``: reader threads in this
+            process. ``N``: N loaders, the groups dealt out among them (for a ``map_batch`` that
+            holds the GIL). The stream is the same, bit for bit, wherever it is read. Loaders
+            start with the dataset (a new interpreter each, never a fork: ``map_batch`` and its
+            closures travel by value), serve every dataset of this process, and stop with it; a
+            loader that dies is a :class:`~arrayfeed.LoaderError` naming its exit code.
     """
 
     x: Any
@@ -114,6 +123,7 @@ class FeedArgs:
     map_processes: int | None = None
     sparse: bool = False
     storage_options: Mapping[str, Any] | None = None
+    processes: int | None = None
 
     @classmethod
     def options(cls) -> list[str]:

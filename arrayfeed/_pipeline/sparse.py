@@ -29,7 +29,7 @@ from .._validate import flag
 from .feed import GROUP_BYTES, Feed
 from .indexblocks import EpochIndices
 from .mapbatch import LeafSpec
-from .read import read_rows
+from .read import Allocator, read_rows
 from .structure import Treedef, flatten
 
 __all__ = [
@@ -202,6 +202,7 @@ class SparseFeed(Feed):
         stop: int,
         readers: Sequence[Source] | None = None,
         blocks: EpochIndices | None = None,
+        out: Allocator | None = None,
     ) -> list[Any]:
         """Steps ``[first, stop)`` of ``epoch`` as a list of elements: dense leaves as arrays,
         sparse leaves as :class:`SparseBatch`."""

@@ -1,0 +1,89 @@
+"""Where a feed is read: in loader processes, or in this process's reader threads.
+
+By default (``processes=None``) a feed is read by one loader process when that can give the same
+stream and pays: every leaf can be read from another process (files and URLs are opened again
+there; small in-memory arrays travel with the feed), the batches are dense, and this process may
+run on at least two cores (on one, a loader only takes turns with the training loop). Otherwise,
+when every leaf is an array in memory (gathered here about as fast as anywhere), and when the
+feed cannot be pickled for a loader (a ``map_batch`` holding a lock), its reader threads read
+here. ``processes=N`` asks for N loaders (and is refused, naming the
+leaf, when one cannot be read there); ``processes=0`` reads here. ``map_processes`` is the older
+name of ``processes`` for a ``map_batch`` that holds the GIL: its loaders read and map.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..._errors import ConfigError
+from ..._storage import Source, portability
+from ..._validate import optional_integer
+from ..feed import usable_cores
+
+__all__ = ["CARRIED_BYTES", "loader_processes"]
+
+#: Most bytes of in-memory arrays (labels beside files, say) a default loader is given a copy of.
+CARRIED_BYTES = 64 << 20
+
+
+def loader_processes(
+    processes: Any,
+    map_processes: Any,
+    *,
+    map_batch: Callable[[Any], Any] | None,
+    sources: Sequence[Source],
+    names: Sequence[str],
+    sparse: bool,
+) -> tuple[int, bool]:
+    """The loader processes of a feed (0: its reader threads read in this process), from the
+    ``processes`` and ``map_processes`` arguments, checked, and the feed's leaves; and whether
+    they were asked for (else a feed that cannot be sent to a loader is read here)."""
+    asked = optional_integer(processes, "processes", low=0)
+    mapped = optional_integer(map_processes, "map_processes", low=0) or 0
+    if mapped and map_batch is None:
+        raise ConfigError(
+            f"`map_processes` ({mapped}) runs `map_batch` in loader processes, but `map_batch` "
+            "is None; pass a `map_batch`, or leave `map_processes` out."
+        )
+    if mapped and asked is not None and asked != mapped:
+        raise ConfigError(
+            f"`map_processes` ({mapped}) and `processes` ({asked}) both set how many loader "
+            "processes read and map; `map_processes` is the older name: pass `processes` alone."
+        )
+    explicit = asked if asked is not None else (mapped or None)
+    if explicit is not None:
+        if explicit:
+            _check_can_load(explicit, sources, names, sparse)
+        return explicit, True
+    if sparse or usable_cores() < 2 or not _platform_supported():
+        return 0, False
+    moves = [portability(s) for s in sources]
+    if any(m.how == "stays" for m in moves) or not any(m.how == "reopen" for m in moves):
+        return 0, False  # arrays all in memory are read fast here; what cannot move stays
+    return (1 if sum(m.nbytes for m in moves) <= CARRIED_BYTES else 0), False
+
+
+def _platform_supported() -> bool:
+    return os.name == "posix" and hasattr(socket, "AF_UNIX")
+
+
+def _check_can_load(count: int, sources: Sequence[Source], names: Sequence[str], sparse: bool) -> None:
+    what = f"`processes={count}` reads in loader processes"
+    if not _platform_supported():
+        raise ConfigError(f"{what}, which need Linux or macOS (this is {os.name}); pass `processes=0`.")
+    if sparse:
+        raise ConfigError(
+            f"{what}, but `sparse=True` batches are built in this process; pass `processes=0` "
+            "(or leave `processes` out)."
+        )
+    for name, source in zip(names, sources, strict=True):
+        move = portability(source)
+        if move.how == "stays":
+            raise ConfigError(
+                f"{what}, but `{name}` cannot be read from another process: {move.why}. Pass it "
+                "as a path (or open its file read-only), or pass `processes=0` to read it in "
+                "this process."
+            )

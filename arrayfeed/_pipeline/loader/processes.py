@@ -1,0 +1,167 @@
+"""Loader processes: started as new interpreters, shared by the feeds of this process.
+
+:class:`LoaderProcess` is one loader (:mod:`.server`), started with ``python -c`` (never a fork:
+this process may hold TensorFlow's threads and locks, and a script's ``__main__`` is never run
+again there); :func:`loaders` keeps this process's, started when a feed first needs them, and
+stops each :data:`LINGER_SECONDS` after the last feed it served is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from .wire import Channel, Hello, RegisterFeed
+
+__all__ = ["LINGER_SECONDS", "STOP_SECONDS", "LoaderProcess", "loaders"]
+
+#: Seconds a loader gets to exit by itself before it is terminated.
+STOP_SECONDS = 2.0
+#: Seconds a loader serving no feed any more waits for a new one before it stops (a script
+#: that builds datasets one after the other starts one loader, not one per dataset).
+LINGER_SECONDS = 2.0
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+_START = (
+    f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); "
+    "from arrayfeed._pipeline.loader.server import main; main()"
+)
+
+
+class LoaderProcess:
+    """One loader process and the control socket that registers feeds with it."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair()
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-c", _START, str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
+        self.pid = self.popen.pid
+        self.control = Channel(parent)
+        self.control.send(Hello(list(sys.path), os.getpid()))
+
+    def register(self, feed_id: int, blob: bytes) -> Channel:
+        """A channel of its own for the feed ``feed_id`` (pickled as ``blob``)."""
+        mine, theirs = socket.socketpair()
+        try:
+            self.control.send(RegisterFeed(feed_id, blob, dict(os.environ)), [theirs.fileno()])
+        finally:
+            theirs.close()
+        return Channel(mine)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def exit_code(self, timeout: float = 5.0) -> int | None:
+        """The exit code once the process has ended (None: still running after ``timeout``)."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        """Close its control socket (it exits), then make sure it has."""
+        self.control.close()
+        for hurry in (None, self.popen.terminate, self.popen.kill):
+            if hurry is not None and self.popen.poll() is None:
+                hurry()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(STOP_SECONDS)
+                return
+
+
+class _Loaders:
+    """This process's loader processes: started when a feed first needs them, shared by its
+    feeds, and stopped :data:`LINGER_SECONDS` after the last feed using them is gone."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._processes: list[LoaderProcess] = []
+        self._users: dict[int, set[int]] = {}  # pid -> feeds it serves
+        self._timers: dict[int, threading.Timer] = {}
+        self._pid = os.getpid()
+
+    def take(self, count: int, feed_id: int) -> list[LoaderProcess]:
+        """``count`` loaders for the feed ``feed_id``, started (or restarted) as needed."""
+        with self._lock:
+            if self._pid != os.getpid():  # a fork's inheritance: its parent's loaders
+                self._processes, self._users, self._timers = [], {}, {}
+                self._pid = os.getpid()
+            for process in [p for p in self._processes if not p.alive()]:
+                self._forget(process)
+                process.stop()
+            while len(self._processes) < count:
+                process = LoaderProcess()
+                self._processes.append(process)
+                self._users[process.pid] = set()
+            taken = self._processes[:count]
+            for process in taken:
+                self._users[process.pid].add(feed_id)
+                timer = self._timers.pop(process.pid, None)
+                if timer is not None:
+                    timer.cancel()
+            return taken
+
+    def release(self, feed_id: int) -> None:
+        """The feed ``feed_id`` is gone: loaders that serve no other feed stop soon."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return
+            for process in self._processes:
+                users = self._users.get(process.pid, set())
+                users.discard(feed_id)
+                if not users and process.pid not in self._timers:
+                    timer = threading.Timer(LINGER_SECONDS, self._idle, (process,))
+                    timer.daemon = True
+                    self._timers[process.pid] = timer
+                    timer.start()
+
+    def _idle(self, process: LoaderProcess) -> None:
+        with self._lock:
+            if self._timers.get(process.pid) is None or self._users.get(process.pid):
+                return
+            self._forget(process)
+        process.stop()
+
+    def _forget(self, process: LoaderProcess) -> None:
+        if process in self._processes:
+            self._processes.remove(process)
+        self._users.pop(process.pid, None)
+        timer = self._timers.pop(process.pid, None)
+        if timer is not None:
+            timer.cancel()
+
+    def stop(self) -> None:
+        with self._lock:
+            processes, self._processes = self._processes, []
+            for timer in self._timers.values():
+                timer.cancel()
+            self._users, self._timers = {}, {}
+            if self._pid != os.getpid():
+                return
+        for process in processes:
+            process.stop()
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [p.pid for p in self._processes if p.alive()]
+
+
+_LOADERS = _Loaders()
+atexit.register(_LOADERS.stop)
+
+
+def loaders() -> _Loaders:
+    """This process's loader processes."""
+    return _LOADERS

@@ -1,0 +1,170 @@
+"""Shared memory that groups travel in: slots written by a loader, lent to the consumer.
+
+A slot is one ``memfd`` (no file name: nothing in ``/dev/shm``, freed with the last process that
+maps it, even after ``kill -9``; elsewhere a POSIX segment unlinked at once) mapped by the
+training process and by the loader. The loader writes a group into a slot with an :class:`Area`
+(an :class:`~arrayfeed._pipeline.read.Allocator` that places each leaf on an aligned offset and
+records its :data:`~.wire.Descriptor`); the training process makes NumPy views of those
+offsets and yields them. A slot is written again only after every view of it is gone: like a
+:class:`~arrayfeed._pipeline.read.BufferPool` buffer, it is free when its base array's reference
+count falls back to the pool's own, so batches a user keeps stay intact, and pages once touched
+are reused, never faulted in again.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import mmap
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..read import ALIGNMENT
+from .wire import Descriptor
+
+__all__ = ["Area", "SlotState", "Slots", "area_bytes", "shared_memory", "view"]
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def area_bytes(row_specs: Sequence[tuple[tuple[int, ...], np.dtype[Any]]], rows: int) -> int:
+    """Bytes of a slot holding ``rows`` rows of every leaf (per-row shape and dtype), each leaf
+    on an aligned offset."""
+    sizes = (rows * math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in row_specs)
+    return sum(_align(n) for n in sizes) + ALIGNMENT
+
+
+def shared_memory(size: int) -> int:
+    """A descriptor of ``size`` bytes of shared memory that no file name refers to."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("arrayfeed-slot", os.MFD_CLOEXEC)
+    else:  # macOS: a POSIX segment, unlinked at once
+        from multiprocessing import shared_memory as posix
+
+        segment = posix.SharedMemory(create=True, size=size)
+        fd = os.dup(segment._fd)  # type: ignore[attr-defined]
+        segment.close()
+        segment.unlink()
+    os.ftruncate(fd, size)
+    return fd
+
+
+def mapped(fd: int, size: int) -> npt.NDArray[np.uint8]:
+    """The shared memory behind ``fd`` as a byte array (the mapping lives as long as it does)."""
+    return np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
+
+
+def view(base: npt.NDArray[np.uint8], desc: Descriptor) -> np.ndarray:
+    """The array ``desc`` describes in ``base``; a view whose ``base`` is ``base`` itself."""
+    offset, shape, dtype = desc[0], desc[1], np.dtype(desc[2])
+    nbytes = math.prod(shape) * dtype.itemsize
+    return base[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
+class Area:
+    """Hands out aligned arrays from one slot, one after the other, and records where they lie."""
+
+    def __init__(self, base: npt.NDArray[np.uint8]) -> None:
+        self._base, self._next = base, 0
+        self.descriptors: list[Descriptor] = []
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        desc = (self._next, tuple(int(n) for n in shape), dtype.str)
+        end = self._next + math.prod(shape) * dtype.itemsize
+        if end > len(self._base):
+            raise RuntimeError(
+                f"arrayfeed: a group of {end} bytes does not fit its slot of {len(self._base)}"
+            )
+        self._next = _align(end)
+        self.descriptors.append(desc)
+        return view(self._base, desc)
+
+
+class SlotState(enum.Enum):
+    FREE = "free"
+    LOADING = "loading"  # a loader was asked to write into it
+    LENT = "lent"  # its group was yielded; free once no view of it is left
+
+
+class Slots:
+    """The training process's slots of one feed: ``keep`` of them kept, more made when every
+    slot is taken (a consumer holding many groups), and retired once free again."""
+
+    def __init__(self, size: int, keep: int) -> None:
+        self.size, self.keep = size, keep
+        self._bases: dict[int, npt.NDArray[np.uint8]] = {}
+        self.state: dict[int, SlotState] = {}
+        self._next_index = 0
+        #: Slots made in all (more than ``keep`` when a consumer held every slot at once), and
+        #: groups lent from them.
+        self.made = self.lent = 0
+        probe = {0: np.empty(1, np.uint8)}
+        self._free_count = sys.getrefcount(probe[0])
+
+    def __len__(self) -> int:
+        return len(self._bases)
+
+    def add(self, count: int) -> tuple[int, list[int]]:
+        """Make ``count`` new slots: ``(index of the first, their descriptors)``; the caller
+        sends the descriptors to the loaders and closes them."""
+        first = self._next_index
+        fds = []
+        for i in range(first, first + count):
+            fd = shared_memory(self.size)
+            fds.append(fd)
+            self._bases[i] = mapped(fd, self.size)
+            self.state[i] = SlotState.FREE
+        self._next_index += count
+        self.made += count
+        return first, fds
+
+    def refresh(self) -> None:
+        """Lent slots that no view references any more become free."""
+        for i, state in self.state.items():
+            if state is SlotState.LENT and sys.getrefcount(self._bases[i]) == self._free_count:
+                self.state[i] = SlotState.FREE
+
+    def take(self) -> int | None:
+        """A free slot, now loading; None when there is none."""
+        self.refresh()
+        for i, state in self.state.items():
+            if state is SlotState.FREE:
+                self.state[i] = SlotState.LOADING
+                return i
+        return None
+
+    def count(self, state: SlotState) -> int:
+        return sum(1 for s in self.state.values() if s is state)
+
+    def lend(self, slot: int, arrays: Sequence[Descriptor]) -> list[np.ndarray]:
+        """Views of the group in ``slot``; the slot stays taken while any of them lives."""
+        self.state[slot] = SlotState.LENT
+        self.lent += 1
+        base = self._bases[slot]
+        return [view(base, desc) for desc in arrays]
+
+    def release(self, slot: int) -> None:
+        """``slot`` was loading and nothing was lent from it: free again."""
+        self.state[slot] = SlotState.FREE
+
+    def retire_extra(self, keeping: Sequence[int] = ()) -> tuple[int, ...]:
+        """Forget free slots beyond the ``keep`` first made, but those in ``keeping`` (their
+        memory goes once nothing maps it); the loaders are told to unmap them too."""
+        extra = [i for i in sorted(self._bases)[self.keep :] if i not in keeping]
+        gone = tuple(i for i in extra if self.state[i] is SlotState.FREE)
+        for i in gone:
+            del self._bases[i], self.state[i]
+        return gone
+
+    def close(self) -> None:
+        """Forget every slot (views still alive keep their memory mapped)."""
+        self._bases.clear()
+        self.state.clear()

@@ -1,0 +1,326 @@
+"""The loader process: the same stream as reading in this process, and a clean lifecycle.
+
+Every stream test compares, bit for bit, what ``processes=1`` (a loader process reads, groups come
+back in shared memory) gives against ``processes=0`` (this process's reader threads), over real
+files on disk, for the arguments that shape a stream: seeds, shards, shuffle modes, resuming,
+``map_batch``. The lifecycle tests kill, interrupt and abandon loaders and look for what is left.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+import arrayfeed as af
+from arrayfeed._pipeline.loader.processes import loaders
+
+from .conftest import REPO_ROOT
+
+ROWS = 1000
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """x (uint8 images) and y (int64 labels) as .npy paths, chunked lzf HDF5 and Zarr by convert."""
+    root = tmp_path_factory.mktemp("loader")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (ROWS, 8, 8, 3), dtype=np.uint8)
+    y = np.arange(ROWS, dtype=np.int64)
+    np.save(root / "x.npy", x)
+    np.save(root / "y.npy", y)
+    with h5py.File(root / "d.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(64, 8, 8, 3), compression="lzf")
+        f.create_dataset("y", data=y, chunks=(64,), compression="lzf")
+    af.convert({"x": root / "x.npy", "y": root / "y.npy"}, root / "d.zarr", chunk_rows=100,
+               progress=False)
+    return {
+        "npy": (str(root / "x.npy"), str(root / "y.npy")),
+        "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
+        "zarr": (f"{root / 'd.zarr'}:x", f"{root / 'd.zarr'}:y"),
+        "arrays": (x, y),
+    }
+
+
+def _epochs(b: af.Batches, count: int) -> list[list[tuple[np.ndarray, ...]]]:
+    return [[tuple(np.array(a) for a in batch) for batch in b] for _ in range(count)]
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    assert len(a) == len(b)
+    for ea, eb in zip(a, b, strict=True):
+        assert len(ea) == len(eb)
+        for ba, bb in zip(ea, eb, strict=True):
+            for la, lb in zip(ba, bb, strict=True):
+                assert la.dtype == lb.dtype and la.shape == lb.shape
+                assert np.array_equal(la, lb)
+
+
+@pytest.mark.parametrize("store", ["npy", "h5", "zarr"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"shuffle": True, "seed": 3},
+        {"shuffle": False},
+        {"shuffle": "block", "seed": 5},
+        {"shuffle": True, "seed": 7, "shard": af.Shard(3, 1), "drop_remainder": True},
+        {"shuffle": "block", "seed": 2, "start_epoch": 2, "start_step": 3},
+    ],
+    ids=["full", "none", "block", "shard", "resumed"],
+)
+def test_the_loader_gives_the_stream_of_reader_threads(
+    files: dict[str, Any], store: str, kwargs: dict[str, Any]
+) -> None:
+    x, y = files[store]
+    here = af.batches(x, y, batch_size=48, processes=0, **kwargs)
+    there = af.batches(x, y, batch_size=48, processes=1, **kwargs)
+    _same(_epochs(there, 2), _epochs(here, 2))
+    assert there.position == here.position
+
+
+def test_map_batch_defined_in_a_script_runs_in_the_loader(files: dict[str, Any]) -> None:
+    scale = 3
+
+    def crop(batch: Any) -> Any:  # a closure: it travels by value
+        x, y = batch
+        return {"x": x[:, 2:6, 2:6].astype(np.float32) * scale}, y + 1
+
+    x, y = files["npy"]
+    here = af.batches(x, y, batch_size=64, seed=1, map_batch=crop, processes=0)
+    there = af.batches(x, y, batch_size=64, seed=1, map_batch=crop, processes=1)
+    a, b = list(there), list(here)
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        assert np.array_equal(xa["x"], xb["x"]) and np.array_equal(ya, yb)
+
+
+def test_batches_kept_stay_intact_while_later_epochs_are_read(files: dict[str, Any]) -> None:
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=32, seed=0, processes=1)
+    kept = list(b)  # every batch of epoch 0 held: the loader must not write over them
+    copies = [(xb.copy(), yb.copy()) for xb, yb in kept]
+    for _ in range(3):
+        for _batch in b:
+            pass
+    for (xb, yb), (xc, yc) in zip(kept, copies, strict=True):
+        assert np.array_equal(xb, xc) and np.array_equal(yb, yc)
+
+
+def test_from_arrays_through_the_loader_gives_the_same_elements(files: dict[str, Any]) -> None:
+    x, y = files["h5"]
+    here = af.from_arrays(x, y, batch_size=50, shuffle="block", seed=4, processes=0)
+    there = af.from_arrays(x, y, batch_size=50, shuffle="block", seed=4, processes=1)
+    for _ in range(2):
+        got = [(a.numpy(), b.numpy()) for a, b in there]
+        want = [(a.numpy(), b.numpy()) for a, b in here]
+        assert len(got) == len(want)
+        for (xa, ya), (xb, yb) in zip(got, want, strict=True):
+            assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
+
+
+def test_an_exception_while_reading_is_raised_here_with_its_type_and_message(
+    files: dict[str, Any],
+) -> None:
+    def fails(batch: Any) -> Any:
+        if int(batch[1][0]) > 500 or int(batch[1][-1]) > 500:
+            raise ValueError("no rows past 500")
+        return batch
+
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=100, shuffle=False, map_batch=fails, processes=1)
+    with pytest.raises(af.MapBatchError, match="no rows past 500") as raised:
+        list(b)
+    assert "in the loader process" in str(raised.value.__cause__)
+
+
+def test_a_killed_loader_is_a_named_error_and_the_next_epoch_starts_a_new_one(
+    files: dict[str, Any],
+) -> None:
+    def slow(batch: Any) -> Any:  # groups of one batch: most of the epoch is still to come
+        time.sleep(0.01)
+        return batch
+
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=10, seed=0, processes=1, map_batch=slow)
+    it = iter(b)
+    next(it)
+    (pid,) = loaders().pids()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(af.LoaderError, match=rf"pid {pid}\) was killed by signal 9"):
+        for _ in it:
+            pass
+    assert sum(len(batch[1]) for batch in b) == ROWS
+    assert loaders().pids() and loaders().pids()[0] != pid
+
+
+def _fds() -> list[str]:
+    return sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc entries")
+def test_abandoned_iterators_and_datasets_leave_nothing_behind(files: dict[str, Any]) -> None:
+    x, y = files["npy"]
+
+    def abandon() -> None:
+        b = af.batches(x, y, batch_size=16, seed=0, processes=1)
+        for _ in range(3):
+            it = iter(b)
+            next(it)
+            del it
+
+    abandon()  # the loader process starts once
+    gc.collect()
+    before_fds, before_pids = _fds(), loaders().pids()
+    (loader,) = before_pids
+    loader_fds = len(os.listdir(f"/proc/{loader}/fd"))
+    for _ in range(50):
+        abandon()
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(os.listdir(f"/proc/{loader}/fd")) > loader_fds:
+        time.sleep(0.05)  # the loader closes a dropped feed's slots and sockets when it sees it
+    assert _fds() == before_fds
+    assert loaders().pids() == before_pids
+    assert len(os.listdir(f"/proc/{loader}/fd")) <= loader_fds
+    assert not [p for p in _fds() if "arrayfeed-slot" in p]
+
+
+def _run_script(body: str, *args: str) -> subprocess.Popen[str]:
+    code = textwrap.dedent(body)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def _gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        time.sleep(0.05)
+    return False
+
+
+_ITERATING = """
+    import sys, arrayfeed as af
+    from arrayfeed._pipeline.loader.processes import loaders
+    b = af.batches(sys.argv[1], batch_size=8, seed=0, processes=1)
+    it = iter(b); next(it)
+    print(loaders().pids()[0], flush=True)
+    while True:
+        for _ in b:
+            pass
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_training_process_takes_its_loader_with_it(files: dict[str, Any]) -> None:
+    proc = _run_script(_ITERATING, files["npy"][0])
+    assert proc.stdout is not None
+    loader = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    assert _gone(loader)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_the_training_process_and_its_loader(files: dict[str, Any]) -> None:
+    proc = _run_script(_ITERATING, files["npy"][0])
+    assert proc.stdout is not None
+    loader = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert _gone(loader)
+
+
+def test_a_loader_never_runs_the_scripts_main_again(tmp_path: Path, files: dict[str, Any]) -> None:
+    script = tmp_path / "train.py"  # no `if __name__ == "__main__":` guard, as scripts often are
+    script.write_text(textwrap.dedent(f"""
+        import arrayfeed as af
+        print("main ran", flush=True)
+        b = af.batches({files['npy'][0]!r}, batch_size=100, seed=0, processes=1,
+                       map_batch=lambda x: x * 2)
+        print(sum(len(batch) for batch in b), flush=True)
+    """))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert out.stdout.split() == ["main", "ran", str(ROWS)]
+
+
+def test_a_map_batch_that_cannot_travel_is_refused_at_the_call(files: dict[str, Any]) -> None:
+    import threading
+
+    lock = threading.Lock()
+
+    def locked(batch: Any) -> Any:
+        with lock:
+            return batch
+
+    with pytest.raises(af.ConfigError, match=r"cannot be sent to one \(TypeError: cannot pickle"):
+        af.batches(files["npy"][0], batch_size=100, map_batch=locked, processes=1)
+    assert len(list(af.batches(files["npy"][0], batch_size=100, map_batch=locked))) == 10
+
+
+def test_a_source_that_cannot_travel_is_named_or_read_here(tmp_path: Path) -> None:
+    path = tmp_path / "w.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(50.0)
+    with h5py.File(path, "a") as f:  # open for writing here: HDF5 locks it against a loader
+        with pytest.raises(af.ConfigError, match=r"`x` cannot be read from another process: .*"
+                           r"open for writing in this process"):
+            af.batches(f["x"], batch_size=10, processes=1)
+        b = af.batches(f["x"], batch_size=10, shuffle=False)  # the default reads it here
+        assert b._feed.processes == 0
+        assert np.concatenate(list(b)).tolist() == list(np.arange(50.0))
+
+
+def test_the_default_reads_files_in_a_loader_and_arrays_here(files: dict[str, Any]) -> None:
+    x, y = files["npy"]
+    assert af.batches(x, y).__getattribute__("_feed").processes == 1
+    arrays = files["arrays"]
+    assert af.batches(*arrays)._feed.processes == 0  # all in memory: gathered here
+    assert af.batches(x, arrays[1])._feed.processes == 1  # labels in memory travel along
+    assert af.batches(x, y, processes=0)._feed.processes == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks")
+def test_a_forked_child_reads_through_loaders_of_its_own(files: dict[str, Any]) -> None:
+    import multiprocessing
+
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=100, seed=2, processes=1)
+    list(b)  # the parent's loader has served it
+    expected = [yb.tolist() for _, yb in af.batches(x, y, batch_size=100, seed=2, processes=0)]
+    parent_loaders = loaders().pids()
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        child, child_loaders = pool.apply(_epoch_in_child, (b,))
+    assert child == [yb.tolist() for _, yb in af.batches(x, y, batch_size=100, seed=2,
+                                                         start_epoch=1, processes=0)]
+    assert expected != child  # epoch 1, not epoch 0
+    assert child_loaders and not set(child_loaders) & set(parent_loaders)
+    assert [yb.tolist() for _, yb in b] == child  # the parent's own epoch 1, unchanged
+
+
+def _epoch_in_child(b: af.Batches) -> tuple[list[list[int]], list[int]]:
+    got = [yb.tolist() for _, yb in b]
+    return got, loaders().pids()
