@@ -22,6 +22,8 @@ import arrayfeed as af
 from arrayfeed._pipeline import dataset as af_dataset
 
 N, BATCH, EPOCHS, SEED = 60, 8, 3, 5  # 8 steps per epoch, the last one short
+#: Where the training datasets are read: "loader" (a loader process), else this process.
+PROCESSES = 1 if sys.argv[1:] == ["loader"] else 0
 
 
 def _data() -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +75,8 @@ def _fit(
     *, resume: bool, initial_epoch: int = 0, validate: bool = False, derived: bool = False
 ) -> dict[str, Any]:
     x, y = _data()
-    made = af.from_arrays(x, y, batch_size=BATCH, seed=SEED)
+    made = af.from_arrays(x, y, batch_size=BATCH, seed=SEED, processes=PROCESSES)
+    assert made._arrayfeed_feed.processes == PROCESSES
     ds = made.map(lambda *batch: batch) if derived else made
     seen: dict[int, list[list[int]]] = defaultdict(list)
     epoch = [0]
@@ -103,6 +106,7 @@ def main() -> None:
     _count_tf_data_pulls()
     result = {
         "backend": keras.backend.backend(),
+        "processes": PROCESSES,
         "plain": _fit(resume=False),
         "validated": _fit(resume=False, validate=True),
         "resumed": _fit(resume=True, initial_epoch=1),

@@ -37,12 +37,12 @@ BACKENDS = [
 ]
 
 
-def _run(backend: str, tmp_path: Path) -> dict[str, Any]:
+def _run(backend: str, tmp_path: Path, where: str = "threads") -> dict[str, Any]:
     env = subprocess_env()
     env["KERAS_BACKEND"] = backend
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(
-        [sys.executable, str(JOB)],
+        [sys.executable, str(JOB), where],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -67,9 +67,11 @@ def _check_epochs(run: dict[str, Any], epochs: list[int]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("where", ["threads", "loader"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_keras_epoch_k_trains_on_arrayfeed_epoch_k(backend: str, tmp_path: Path) -> None:
-    result = _run(backend, tmp_path)
+def test_keras_epoch_k_trains_on_arrayfeed_epoch_k(backend: str, where: str, tmp_path: Path) -> None:
+    result = _run(backend, tmp_path, where)
+    assert result["processes"] == (where == "loader")
     _check_epochs(result["plain"], [0, 1, 2])
     _check_epochs(result["validated"], [0, 1, 2])  # validation data: another dataset
     _check_epochs(result["resumed"], [1, 2])  # fit(initial_epoch=1) with ResumeCallback

@@ -155,7 +155,9 @@ def _dataset(feed: Feed, *, sharded_by_us: bool, first_pass_short: bool = False)
 
 #: Batches of at least this many bytes are split from their group as slices that share its
 #: memory (a function call per batch), smaller ones copied out by ``unbatch`` (none per batch).
-SLICED_BATCH_BYTES = 1 << 20
+#: It is glibc's threshold for mapping an allocation fresh: smaller copies reuse heap memory,
+#: larger ones would each fault in new pages (docs/performance.md, "Splitting groups").
+SLICED_BATCH_BYTES = 128 << 10
 
 
 def _slices(structure: Any) -> Callable[..., tf.data.Dataset]:

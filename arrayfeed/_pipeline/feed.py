@@ -142,9 +142,7 @@ class Feed:
 
     def _group_bytes(self) -> int:
         """Target bytes per group (see :data:`MAX_GROUP_BYTES`)."""
-        if self.processes or self.map_batch is not None:  # a loader's group costs one message here
-            return GROUP_BYTES
-        if not all(isinstance(s, GatherInto) for s in self.sources):
+        if self.map_batch is not None or not all(isinstance(s, GatherInto) for s in self.sources):
             return GROUP_BYTES
         ahead = READ_AHEAD_BYTES // (self.num_threads + 1)
         return min(MAX_GROUP_BYTES, max(GROUP_BYTES, ahead))

@@ -6,7 +6,7 @@ run again here). It serves every feed the training process registers, each with 
 threads, exactly as that process would read them itself (:class:`~..feed.EpochPass`); only the
 memory differs: each group is written into the slot the training process names.
 
-It dies with the training process: ``PR_SET_PDEATHSIG`` on Linux, and everywhere a closed
+It runs at a lower scheduling priority than the training process, and dies with it: ``PR_SET_PDEATHSIG`` on Linux, and everywhere a closed
 control socket (the training process's end goes with it) or a parent pid that changed. It
 ignores SIGINT: Ctrl-C is the training process's to handle, and ends this process by closing
 the sockets.
@@ -51,6 +51,8 @@ __all__ = ["main"]
 
 #: Seconds between checks that the training process is still there.
 PARENT_CHECK_SECONDS = 1.0
+#: How much lower than the training process a loader is scheduled (``nice``).
+NICE = 10
 
 
 def _die_with_parent() -> None:
@@ -200,6 +202,10 @@ def main() -> None:
     """Entry point of a loader process: ``python -c '...; main()' FD``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    # Below the training process: where cores are few, the training loop gets one when it wants
+    # it (docs/performance.md, "Beside the training loop").
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
     control = Channel(socket.socket(fileno=int(sys.argv[1])))
     hello, _ = control.recv()
     assert isinstance(hello, Hello)
