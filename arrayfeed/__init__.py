@@ -26,9 +26,10 @@ from ._errors import (
     SourceUnavailableError,
     StructureError,
 )
-from ._pipeline.batches import Batches, batches
+from ._pipeline.batches import Batches, batches, tuning
 from ._pipeline.bench import BenchReport, bench
 from ._pipeline.shard import Shard
+from ._pipeline.tuning import Tuning
 from ._storage import (
     Chunked,
     ConversionRecord,
@@ -85,6 +86,7 @@ __all__ = [
     "SourceNotFoundError",
     "SourceUnavailableError",
     "StructureError",
+    "Tuning",
     "VerifyReport",
     "__version__",
     "batches",
@@ -95,6 +97,7 @@ __all__ = [
     "from_arrays",
     "inspect",
     "open_array",
+    "tuning",
     "verify",
     "written_by_arrayfeed",
 ]

@@ -8,6 +8,7 @@
 - every subpackage of ``arrayfeed._storage`` but ``remote`` (object storage, used by every
   format) is a format family that registers exactly one backend, and each has test modules of
   its own (``tests/test_<family>*.py``);
+- the tuner is pure logic (the standard library only);
 - no import cycles between arrayfeed's modules, and no module over 500 lines.
 """
 
@@ -207,6 +208,16 @@ def test_storage_reached_through_its_public_surface(module: str) -> None:
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not CONCRETE_SOURCES & used, f"{module} names {CONCRETE_SOURCES & used}"
+
+
+#: Modules of pure logic: the standard library only (no I/O libraries, no NumPy, no arrayfeed).
+PURE_LOGIC = ("arrayfeed._pipeline.tuning",)
+
+
+@pytest.mark.parametrize("module", PURE_LOGIC)
+def test_tuning_is_pure_logic(module: str) -> None:
+    imported = {name.partition(".")[0] for name, _, _ in _imports(module)}
+    assert imported <= {"__future__", "threading", "time", "collections", "dataclasses"}, imported
 
 
 def test_no_import_cycles() -> None:

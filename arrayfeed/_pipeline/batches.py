@@ -21,8 +21,9 @@ from .feed import Feed
 from .options import FeedArgs, takes_feed_args
 from .sparse import SparseFeed, to_scipy
 from .structure import flatten
+from .tuning import Tuning
 
-__all__ = ["Batches", "batches"]
+__all__ = ["Batches", "batches", "tuning"]
 
 
 @takes_feed_args
@@ -90,6 +91,12 @@ class Batches:
         return self._epoch()
 
     @property
+    def tuning(self) -> Tuning:
+        """How many groups are read at once, and why: tuned while reading unless
+        ``num_threads`` fixed it (see :func:`arrayfeed.tuning`)."""
+        return self._feed.tuning
+
+    @property
     def position(self) -> tuple[int, int]:
         """``(epoch, step)`` of the batch after the last one yielded: the next unseen batch.
 
@@ -150,3 +157,31 @@ class Batches:
 
 def _is_ndarray(obj: Any) -> bool:
     return isinstance(obj, np.ndarray)
+
+
+def tuning(data: Any) -> Tuning:
+    """How the reading of ``data`` runs: the groups read at once, whether and how they were
+    tuned, and the rows per second each setting tried delivered.
+
+    ``data``: what :func:`arrayfeed.batches` returns, or a dataset of
+    :func:`arrayfeed.from_arrays` (also behind ``tf.data`` transformations such as ``map``).
+
+    >>> import numpy as np, arrayfeed as af
+    >>> af.tuning(af.batches(np.zeros((100, 3)), num_threads=2)).readers
+    3
+    """
+    if isinstance(data, Batches):
+        return data.tuning
+    todo = [data]
+    while todo:
+        node = todo.pop()
+        feed = getattr(node, "_arrayfeed_feed", None)
+        if feed is not None:
+            return feed.tuning  # type: ignore[no-any-return]
+        inputs = getattr(node, "_inputs", None)
+        if callable(inputs):
+            todo.extend(inputs())
+    raise TypeError(
+        f"arrayfeed.tuning() takes what arrayfeed.batches or arrayfeed.from_arrays returned (or a "
+        f"tf.data dataset made from one), not {type(data).__name__}"
+    )

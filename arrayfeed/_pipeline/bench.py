@@ -29,6 +29,7 @@ from .._storage import (
     split_spec,
 )
 from .shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
+from .tuning import Tuning
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
 
@@ -46,6 +47,8 @@ class BenchReport:
     ceiling: float | None
     chunk_rows: dict[str, int | None] = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
+    #: How each mode's pass read: the groups read at once it chose, and the rows/s per setting.
+    tuning: dict[str, Tuning] = field(default_factory=dict)
 
     def format(self) -> str:
         """A small table and the advice, for the terminal."""
@@ -55,6 +58,8 @@ class BenchReport:
         ]
         for mode, rate in self.modes.items():
             lines.append(f"{'from_arrays(shuffle=' + repr(mode) + ')':34} {rate:>12,.0f}")
+            if mode in self.tuning:
+                lines.append(f"{'':2}{self.tuning[mode]}")
         if self.ceiling is not None:
             lines.append(f"{'storage ceiling (slabs in order)':34} {self.ceiling:>12,.0f}")
         lines += [f"- {line}" for line in self.advice]
@@ -63,7 +68,8 @@ class BenchReport:
 
 def _timed_pass(
     x: dict[str, Source], batch_size: int, shuffle: bool | str, seconds: float
-) -> float:
+) -> tuple[float, Tuning]:
+    from .batches import tuning
     from .dataset import from_arrays
 
     ds = from_arrays(x, batch_size=batch_size, shuffle=shuffle, seed=0, shard=None)
@@ -76,7 +82,7 @@ def _timed_pass(
         if time.perf_counter() - start > seconds:
             break
     elapsed = time.perf_counter() - start
-    return rows / elapsed if elapsed > 0 and rows else 0.0
+    return (rows / elapsed if elapsed > 0 and rows else 0.0), tuning(ds)
 
 
 def _ceiling(sources: dict[str, Source], block_rows: int, n: int, seconds: float) -> float:
@@ -132,9 +138,10 @@ def bench(
         )
     bytes_per_row = row_bytes(sources.values())
     # Keyed by each mode's name; a mode is parsed just before its pass, as from_arrays would.
-    rates = {
+    passes = {
         shuffle_mode(mode).name: _timed_pass(sources, batch_size, mode, seconds) for mode in modes
     }
+    rates = {mode: rate for mode, (rate, _) in passes.items()}
     chunked = {name: rows for name, s in sources.items() if (rows := chunked_rows(s))}
     ceiling = None
     if chunked:
@@ -146,6 +153,7 @@ def bench(
         modes=rates,
         ceiling=ceiling,
         chunk_rows={name: getattr(s, "chunk_rows", None) for name, s in sources.items()},
+        tuning={mode: tuned for mode, (_, tuned) in passes.items()},
     )
     report.advice.extend(_advise(report, sources))
     return report

@@ -10,8 +10,9 @@ batches in the graph (``Batches`` into NumPy views), which amortises the per-ele
 ``from_generator``. When one batch alone is about a group's size (large rows), batches are
 yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
-Groups are read ahead by a small thread pool (NumPy gathers release the GIL), in order
-(:class:`EpochPass`). With ``processes=N`` that pool runs in N loader processes instead, each
+Groups are read ahead by a thread pool (NumPy gathers release the GIL), in order
+(:class:`EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says: tuned while
+reading unless ``num_threads`` fixes it. With ``processes=N`` that pool runs in N loader processes instead, each
 reading the groups given to it into shared memory (:mod:`.loader`): the epochs, their order and
 their bytes are the same, only where the reading happens differs.
 """
@@ -39,6 +40,7 @@ from .plan import Plan, check_position
 from .read import Allocator, BufferPool, read_rows
 from .resident import resident_sources
 from .structure import Treedef
+from .tuning import LADDER, Tuner, Tuning
 
 __all__ = ["EpochPass", "Feed", "default_num_threads", "usable_cores"]
 
@@ -54,6 +56,7 @@ GROUP_BYTES = 16 << 20
 MAX_GROUP_BYTES = 64 << 20
 #: Bytes of groups read ahead (``num_threads + 1`` groups) that groups of cheap reads are sized to
 #: fill, within :data:`GROUP_BYTES` and :data:`MAX_GROUP_BYTES`: fewer threads, larger groups.
+#: Tuning reads more groups at once only within these bytes (and never fewer than the default).
 READ_AHEAD_BYTES = 256 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
@@ -112,8 +115,10 @@ class Feed:
         #: Loader processes reading this feed's epochs (0: this process's reader threads), and
         #: whether they were asked for (else a feed that cannot be sent to one is read here).
         self.processes, self.loader_required = processes, loader_required
-        #: Reader threads (of each loader process, if any).
+        #: Reader threads of the default setting (of each loader process, if any), and whether
+        #: ``num_threads`` fixed them (else the groups read at once are tuned while reading).
         self.num_threads = num_threads or default_num_threads(mapped=map_batch is not None)
+        self.threads_fixed = num_threads is not None
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._next = (0, 0)  # where the next call starts (:meth:`seek` moves it)
@@ -136,6 +141,7 @@ class Feed:
         if map_seconds > 0:
             steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
         self.group_steps = int(max(1, steps))
+        self.tuner = self._new_tuner()
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
         self._remote = self._new_remote()
@@ -146,6 +152,31 @@ class Feed:
             return GROUP_BYTES
         ahead = READ_AHEAD_BYTES // (self.num_threads + 1)
         return min(MAX_GROUP_BYTES, max(GROUP_BYTES, ahead))
+
+    def _new_tuner(self) -> Tuner:
+        """Groups read at once: ``num_threads + 1`` (one for each thread and one queued) when
+        fixed; else tuned from that start, up to as many groups as :data:`READ_AHEAD_BYTES`
+        holds (at most the ladder's top)."""
+        start = self.num_threads + 1
+        if self.threads_fixed:
+            return Tuner(start, start, fixed=True)
+        group = self.group_steps * self.plan.batch_size * self._row_bytes
+        return Tuner(start, max(start, min(LADDER[-1], READ_AHEAD_BYTES // max(1, group))))
+
+    @property
+    def _row_bytes(self) -> int:
+        """Bytes per row of the larger of what is read and what is yielded."""
+        return max(row_bytes(self.sources), sum(s.row_bytes for s in self.specs))
+
+    @property
+    def max_readers(self) -> int:
+        """The most groups read at once (threads of an :class:`EpochPass`)."""
+        return self.tuner.cap if not self.threads_fixed else self.num_threads
+
+    @property
+    def tuning(self) -> Tuning:
+        """How many groups are read at once, and why (see :class:`~.tuning.Tuning`)."""
+        return self.tuner.report()
 
     @property
     def stacked(self) -> bool:
@@ -158,13 +189,13 @@ class Feed:
         # buffer and the batch being consumed), and map_batch inputs; per leaf read or yielded.
         # Plus the index blocks of the epoch (:mod:`.indexblocks`).
         leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
-        in_use = self.num_threads + 5
+        in_use = self.tuner.cap + 4
         per_row = row_bytes(self.sources) + 8  # and an index per row
         if self.map_batch is not None:
             per_row += sum(s.row_bytes for s in self.specs)
         per_group = self.group_steps * self.plan.batch_size * per_row
         return BufferPool(
-            capacity=2 * in_use * leaves + self.num_threads + 1,
+            capacity=2 * in_use * leaves + self.max_readers + 1,
             max_bytes=max(256 << 20, 2 * in_use * per_group),
         )
 
@@ -208,7 +239,7 @@ class Feed:
         """Windows a cache holds: those the groups in flight draw from, and two more."""
         plan = self.plan
         window_rows = plan.block_rows * plan.window_blocks
-        in_flight_rows = (self.num_threads + 1) * self.group_steps * plan.batch_size
+        in_flight_rows = self.tuner.cap * self.group_steps * plan.batch_size
         return 2 + -(-in_flight_rows // window_rows)
 
     def readers(self, epoch: int) -> list[Source]:
@@ -265,8 +296,9 @@ class Feed:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # Locks cannot be pickled, and buffers are not worth it: the copy gets its own.
-        del state["_lock"], state["pool"], state["_window_pool"]
+        # Locks cannot be pickled, and buffers are not worth it: the copy gets its own (and a
+        # tuner of its own: a loader reads as many groups at once as it is asked for).
+        del state["_lock"], state["pool"], state["_window_pool"], state["tuner"]
         state.pop("_remote", None)  # absent while the link itself is being made
         return state
 
@@ -274,6 +306,7 @@ class Feed:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
+        self.tuner = self._new_tuner()
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
         self._remote = self._new_remote()
@@ -300,16 +333,22 @@ class Feed:
         return lambda first: int(order.window_at(first * batch))
 
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
-        """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order."""
+        """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order,
+        as many at once as the tuner says."""
         todo = deque(self.groups(start_step))
-        depth = self.num_threads + 1
+        tuner, batch = self.tuner, self.plan.batch_size
+        tuner.pass_started()
         reading = EpochPass(self, epoch, start_step)
-        pending: deque[Future[Any]] = deque()
+        pending: deque[tuple[int, Future[Any]]] = deque()
         try:
             while todo or pending:
-                while todo and len(pending) < depth:
-                    pending.append(reading.submit(*todo.popleft()))
-                yield pending.popleft().result()
+                while todo and len(pending) < tuner.readers:
+                    first, stop = todo.popleft()
+                    pending.append((stop - first, reading.submit(first, stop)))
+                steps, future = pending.popleft()
+                group = future.result()
+                tuner.delivered(steps * batch)
+                yield group
         finally:
             reading.close()
 
@@ -379,7 +418,8 @@ class EpochPass:
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
-        self._pool = ThreadPoolExecutor(feed.num_threads, thread_name_prefix="arrayfeed-read")
+        # Threads are started as groups are submitted, up to the most read at once.
+        self._pool = ThreadPoolExecutor(feed.max_readers, thread_name_prefix="arrayfeed-read")
 
     def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
         """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""

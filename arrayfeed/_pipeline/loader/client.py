@@ -67,13 +67,15 @@ class RemoteFeed:
         #: The process this link belongs to (a forked child makes its own).
         self.pid = os.getpid()
         self.processes = processes
-        #: Groups asked for at once per loader: one per reader thread, and one queued.
-        self.depth = feed.num_threads + 1
+        #: Groups asked for at once per loader (tuned while reading, see :mod:`..tuning`); slots
+        #: are made as they are needed, up to as many as the most groups in flight.
+        self.tuner = feed.tuner
         rows = feed.group_steps * feed.plan.batch_size
         self.slots = Slots(
             area_bytes([(s.row_shape, s.dtype) for s in feed.specs], rows),
-            keep=self.depth * processes + HELD_GROUPS,
+            keep=self.tuner.cap * processes + HELD_GROUPS,
         )
+        self._first_slots = self.tuner.readers * processes + HELD_GROUPS
         self._fds: dict[int, int] = {}  # slot -> its descriptor (sent again to a new loader)
         self._blob = blob
         self.feed_id = next(self._ids)
@@ -234,22 +236,24 @@ class RemoteFeed:
             raise RuntimeError("arrayfeed: a pass over a feed that is gone")
         todo = feed.groups(start_step)
         owner = feed.group_owner(epoch)
-        treedef = feed.treedef
+        treedef, feed_batch = feed.treedef, feed.plan.batch_size
         del feed
         with self._cond:
             self._check_links()
             if not len(self.slots):
-                self._add_slots(self.slots.keep)
+                self._add_slots(self._first_slots)
             token = next(self._tokens)
             links = list(self._links)
             for link in links:
                 self._send(link, StartEpoch(token, epoch, start_step))
         asked = 0
         in_flight = 0
+        tuner, batch = self.tuner, feed_batch
+        tuner.pass_started()
         try:
-            for first, _ in todo:
-                while asked < len(todo) and in_flight < self.depth * len(links):
-                    slot = self._slot(in_flight)
+            for first, stop in todo:
+                while asked < len(todo) and in_flight < (wanted := tuner.readers * len(links)):
+                    slot = self._slot(in_flight, wanted)
                     if slot is None:
                         break
                     a, b = todo[asked]
@@ -267,20 +271,25 @@ class RemoteFeed:
                     raise message.error.raised_here()
                 with self._cond:
                     arrays = self.slots.lend(message.slot, message.arrays)
+                tuner.delivered((stop - first) * batch)
                 yield treedef.unflatten(arrays)
                 del arrays
         finally:
             self._end(token, links)
 
-    def _slot(self, in_flight: int) -> int | None:
+    def _slot(self, in_flight: int, wanted: int) -> int | None:
         """A slot to read the next group into: None when the pass should first take a group
         that is in flight; a new slot when every one is held (by the consumer, or by the groups
-        another pass has not yet taken)."""
+        another pass has not yet taken), or when tuning wants more groups in flight than there
+        are slots."""
         while True:
             with self._cond:
                 slot = self.slots.take()
                 if slot is not None:
                     return slot
+                if in_flight and len(self.slots) < min(wanted + HELD_GROUPS, self.slots.keep):
+                    self._add_slots(1)
+                    continue
                 if in_flight:
                     return None
                 ending = any(

@@ -1,0 +1,217 @@
+"""Concurrency that tunes itself: how many groups are read at once, found while reading.
+
+No single number of readers suits every storage: memory-bound reads (``.npy``) peak at a few,
+CPU-bound decoding (gzip) at one per core, and reads that wait (object storage, a ``map_batch``
+that calls a service, a dask array computed chunk by chunk) at many. A :class:`Tuner` finds the
+number while the data is read, the way ``tf.data.AUTOTUNE`` does for its own parallelism, by
+climbing a ladder of settings and measuring what reaches the consumer:
+
+1. measure the rate (rows per second handed to the consumer) at the starting setting, over a
+   window of :data:`WINDOW_SECONDS`;
+2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far;
+3. if no step up paid, go down while each step down still delivers :data:`TIE` of the best (a
+   tie goes to fewer readers: when the consumer sets the pace, more readers only take cores
+   from it);
+4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
+   was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
+
+The rate is measured where batches are consumed, so it counts everything in the way (reads,
+decoding, ``map_batch``, the loader's hand-over, the consumer itself). A tuner only says how many
+groups to keep in flight; groups are still read into their own buffers and taken in order, so
+tuning changes how fast batches come, never which or in which order.
+
+Pure logic, no threads or I/O: the reading side (:meth:`~.feed.Feed.epoch`,
+:meth:`~.loader.client.RemoteFeed.epoch`) asks :attr:`Tuner.readers` before each request and
+reports each group it hands over with :meth:`Tuner.delivered`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["DRIFT", "GAIN", "LADDER", "TIE", "WINDOW_SECONDS", "Tuner", "Tuning"]
+
+#: Settings tried, in order (those up to a feed's cap).
+LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Seconds of delivery each measurement covers (and at least :data:`WINDOW_GROUPS` groups).
+WINDOW_SECONDS = 0.3
+WINDOW_GROUPS = 2
+#: A step up is kept when it delivers this many times the best rate so far.
+GAIN = 1.10
+#: A step down is kept when it still delivers this share of the best rate so far.
+TIE = 0.95
+#: A held setting is tuned again when the rate leaves ``[rate * (1 - DRIFT), rate / (1 - DRIFT)]``
+#: of the rate it was chosen at, for :data:`DRIFT_WINDOWS` windows in a row.
+DRIFT = 0.5
+DRIFT_WINDOWS = 3
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What a dataset's reading runs with, and why (see :func:`arrayfeed.tuning`).
+
+    Attributes:
+        readers: Groups read at once (one reader thread each, in this process or a loader's).
+        tuned: Whether ``readers`` is tuned while reading (False: fixed by ``num_threads``).
+        settled: Whether tuning has settled (always True when not tuned).
+        rates: Rows per second delivered at each setting tried, the latest measurement of each.
+        why: How ``readers`` was chosen, in words.
+        settled_after: Seconds of reading (from the first group delivered) until tuning last
+            settled; None while it has not.
+    """
+
+    readers: int
+    tuned: bool
+    settled: bool
+    rates: dict[int, float] = field(default_factory=dict)
+    why: str = ""
+    settled_after: float | None = None
+
+    def __str__(self) -> str:
+        tried = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(self.rates.items()))
+        return f"readers {self.readers} ({self.why}); rows/s per setting: {tried or 'none yet'}"
+
+
+class Tuner:
+    """Groups to read at once, tuned online (see the module docstring); ``fixed`` holds it."""
+
+    def __init__(
+        self,
+        start: int,
+        cap: int,
+        *,
+        fixed: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.cap = max(1, cap)
+        self.fixed = fixed
+        self.ladder = sorted({s for s in LADDER if s <= self.cap} | {min(start, self.cap), self.cap})
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._at = self.ladder.index(min(start, self.cap))
+        self._rates: dict[int, float] = {}
+        self._best = 0  # ladder position of the best setting so far
+        self._phase = "settled" if fixed else "measure"
+        self._climbed = False
+        self._drifting = 0
+        self._window_start: float | None = None
+        self._rows = 0
+        self._groups = 0
+        self._why = "fixed by num_threads" if fixed else "measuring the starting setting"
+        self._first: float | None = None  # when the first group was delivered
+        self._last: float | None = None  # when the latest was
+        self._settled_after: float | None = None
+        #: Settings in the order they were used (for tests and reports).
+        self.history = [self.readers]
+
+    @property
+    def readers(self) -> int:
+        """Groups to keep in flight now."""
+        return self.ladder[self._at]
+
+    def pass_started(self) -> None:
+        """A pass starts: if the consumer paused since the last group (between epochs, for
+        validation), the current window restarts, so that the pause is not counted as reading."""
+        with self._lock:
+            if self._last is not None and self._clock() - self._last > WINDOW_SECONDS:
+                self._window_start = None
+
+    def delivered(self, rows: int) -> None:
+        """Count a group of ``rows`` handed to the consumer; may change :attr:`readers`."""
+        if self.fixed:
+            return
+        with self._lock:  # groups of concurrent passes may be delivered by several threads
+            now = self._last = self._clock()
+            if self._first is None:
+                self._first = now
+            if self._window_start is None:  # the window starts at its first delivery
+                self._window_start, self._rows, self._groups = now, 0, 0
+                return
+            self._rows += rows
+            self._groups += 1
+            elapsed = now - self._window_start
+            if elapsed < WINDOW_SECONDS or self._groups < WINDOW_GROUPS:
+                return
+            self._decide(self._rows / elapsed)
+            self._window_start = now
+            self._rows = self._groups = 0
+
+    def report(self) -> Tuning:
+        with self._lock:
+            return Tuning(
+                readers=self.readers,
+                tuned=not self.fixed,
+                settled=self._phase == "settled",
+                rates=dict(self._rates),
+                why=self._why,
+                settled_after=self._settled_after,
+            )
+
+    # -- the ladder ---------------------------------------------------------------------------------
+    def _decide(self, rate: float) -> None:
+        here = self.readers
+        if self._phase == "settled":
+            self._watch(rate)
+            return
+        self._rates[here] = rate
+        best = self._rates.get(self.ladder[self._best], 0.0)
+        if self._phase == "measure":
+            self._best = self._at
+            self._climbed = False
+            self._step("up")
+        elif self._phase == "up":
+            if rate > best * GAIN:
+                self._best, self._climbed = self._at, True
+                self._step("up")
+            elif self._climbed:
+                self._settle(f"{self.ladder[self._best + 1]} did not deliver more")
+            else:
+                self._step("down")
+        elif self._phase == "down":  # against the best seen, so that ties do not compound
+            if rate >= max(self._rates.values()) * TIE:
+                self._best = self._at
+                self._step("down")
+            else:
+                self._settle(f"{here} delivered less")
+        # Each move is a new setting: its window starts at its first group.
+        self._window_start = None
+
+    def _step(self, direction: str) -> None:
+        target = self._best + (1 if direction == "up" else -1)
+        if not 0 <= target < len(self.ladder):
+            if direction == "up" and not self._climbed:
+                self._step("down")
+                return
+            self._settle("the end of the ladder")
+            return
+        self._phase, self._at = direction, target
+        self.history.append(self.readers)
+
+    def _settle(self, reason: str) -> None:
+        moved = self._at != self._best
+        self._at, self._phase, self._drifting = self._best, "settled", 0
+        if moved:
+            self.history.append(self.readers)
+        rate = self._rates[self.readers]
+        if self._first is not None and self._last is not None:
+            self._settled_after = self._last - self._first
+        self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
+
+    def _watch(self, rate: float) -> None:
+        chosen = self._rates[self.readers]
+        if chosen * (1 - DRIFT) <= rate <= chosen / (1 - DRIFT):
+            self._drifting = 0
+            return
+        self._drifting += 1
+        if self._drifting >= DRIFT_WINDOWS:  # something changed: tune again from here
+            self._rates.clear()
+            self._settled_after = None
+            self._phase, self._drifting = "measure", 0
+            self._why = f"tuning again: the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s"
+            self._rates[self.readers] = rate
+            self._best = self._at
+            self._climbed = False
+            self._step("up")

@@ -1,0 +1,226 @@
+"""Concurrency that tunes itself, against every fixed setting, on storages whose best differs.
+
+Each case reads ``af.batches`` (default arguments but the one varied) as fast as it goes:
+``default`` (readers tuned while reading) against ``num_threads=N`` fixed, for N in
+``--threads``. Every run builds a fresh ``Batches``, reads ``--warm`` seconds (tuning happens
+there), then measures rows/s for ``--measure`` seconds; settings alternate within each of
+``--reps`` rounds and the tables show medians. Cases (L rows, 60,000 x uint8[64,64,3] scaled by
+``--rows-scale``):
+
+- ``npy``: ``.npy`` paths, full shuffle, batch 256 (memory-bound);
+- ``h5gzip``: HDF5 by h5py ``chunks=True, compression="gzip", shuffle=True``, ``"block"``,
+  batch 128 (CPU-bound decoding);
+- ``latency``: a storage wrapper whose every read waits 20 ms with the GIL released (object
+  storage, a network filesystem), full shuffle, batch 256;
+- ``dask``: a dask array over the ``.npy`` file whose 256-row chunks each take 20 ms to
+  produce, ``"block"``, batch 256;
+- ``map_wait``: ``.npy`` paths with a ``map_batch`` that waits 20 ms per batch without the GIL
+  (a lookup service);
+- ``map_gil``: ``.npy`` paths with a ``map_batch`` that holds the GIL (a Python loop per row).
+
+Targets (printed with the machine): default / best fixed setting >= 0.9 per case; for the
+20-ms cases default / one thread >= 8; the tuned setting holds within 5 s of reading; no case
+where the default is slower than one thread.
+
+    python benchmarks/bench_autotune.py                 # ~12 min on 2 cores
+    python benchmarks/bench_autotune.py --quick         # shorter runs, one round
+    python benchmarks/bench_autotune.py --cases npy,latency --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+from bench_scaling import Data, machine, shapes
+
+import arrayfeed as af
+
+SEED = 0
+LATENCY = 0.020
+CASES = ("npy", "h5gzip", "latency", "dask", "map_wait", "map_gil")
+LATENCY_CASES = ("latency", "dask", "map_wait")
+
+
+class SlowRows:
+    """Rows of an array whose every read waits :data:`LATENCY` seconds first (GIL released)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.array.dtype
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        time.sleep(LATENCY)
+        return self.array[indices]
+
+
+def wait_map(batch: Any) -> Any:
+    time.sleep(LATENCY)
+    return batch
+
+
+def gil_map(batch: Any) -> Any:
+    x, y = batch
+    total = 0
+    for row in range(len(y)):  # Python work per row, holding the GIL
+        for k in range(40):
+            total += k * row
+    return x, y + (total & 0)
+
+
+def dask_slow(x: np.ndarray) -> Any:
+    import dask.array as da
+
+    def produce(block: np.ndarray) -> np.ndarray:
+        time.sleep(LATENCY)
+        return block
+
+    return da.from_array(x, chunks=(256, *x.shape[1:])).map_blocks(produce, dtype=x.dtype)
+
+
+def case_args(case: str, data: Data) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arrays and keyword arguments of ``case``."""
+    xp, yp = data.arrays("npy")
+    if case == "npy":
+        return (xp, yp), {"batch_size": 256}
+    if case == "h5gzip":
+        x, y = data.arrays("h5gzip")
+        return (x, y), {"batch_size": 128, "shuffle": "block"}
+    x, y = data.memmap()
+    if case == "latency":
+        return (SlowRows(x), y), {"batch_size": 256}
+    if case == "dask":
+        return (dask_slow(x), y), {"batch_size": 256, "shuffle": "block"}
+    if case == "map_wait":
+        return (xp, yp), {"batch_size": 256, "map_batch": wait_map}
+    if case == "map_gil":
+        return (xp, yp), {"batch_size": 256, "map_batch": gil_map}
+    raise ValueError(f"unknown case {case!r}; choose from {', '.join(CASES)}")
+
+
+def run(case: str, data: Data, threads: int | None, warm: float, measure: float) -> dict[str, Any]:
+    """Rows/s of one setting after ``warm`` seconds, and what the tuner chose."""
+    arrays, kwargs = case_args(case, data)
+    b = af.batches(*arrays, seed=SEED, num_threads=threads, **kwargs)
+    start = time.perf_counter()
+    rows, measured_from = 0, None
+    while True:
+        for x, _ in b:
+            now = time.perf_counter()
+            if measured_from is None and now - start >= warm:
+                measured_from, rows = now, 0
+            elif measured_from is not None:
+                rows += len(x)
+                if now - measured_from >= measure:
+                    tuning = b.tuning
+                    del b
+                    return {
+                        "rows_s": rows / (now - measured_from),
+                        "readers": tuning.readers,
+                        "settled_after": tuning.settled_after,
+                        "rates": {str(k): v for k, v in tuning.rates.items()},
+                        "why": tuning.why,
+                    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--threads", default="1,2,4,8,16,32")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--warm", type=float, default=5.0)
+    parser.add_argument("--measure", type=float, default=3.0)
+    parser.add_argument("--rows-scale", type=float, default=1.0)
+    parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--quick", action="store_true", help="--reps 1 --warm 4 --measure 1.5")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.warm, args.measure = 1, 4.0, 1.5
+    cases = [c for c in args.cases.split(",") if c]
+    fixed = [int(t) for t in args.threads.split(",") if t]
+    settings: list[int | None] = [None, *fixed]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Data(args.data_dir or Path(tmp), shapes(args.rows_scale)["L"])
+        data.ensure({"npy", "h5gzip"} if "h5gzip" in cases else {"npy"})
+        data.page_cache()
+        runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in cases}
+        for rep in range(args.reps):
+            for case in cases:
+                order = settings if rep % 2 == 0 else settings[::-1]
+                for threads in order:
+                    key = "default" if threads is None else str(threads)
+                    result = run(case, data, threads, args.warm, args.measure)
+                    runs[case].setdefault(key, []).append(result)
+                    print(f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s", flush=True)
+        data.close()
+    report = summarise(runs, machine())
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> dict[str, Any]:
+    def median(results: list[dict[str, Any]], key: str) -> float:
+        return statistics.median(r[key] for r in results)
+
+    print(f"\nrows/s, medians ({where})")
+    rows, checks = [], []
+    for case, by_setting in runs.items():
+        rates = {k: median(v, "rows_s") for k, v in by_setting.items()}
+        fixed = {k: v for k, v in rates.items() if k != "default"}
+        best_key = max(fixed, key=lambda k: fixed[k])
+        default = rates["default"]
+        chosen = [r["readers"] for r in by_setting["default"]]
+        settled = [r["settled_after"] for r in by_setting["default"]]
+        row = {
+            "case": case,
+            "rates": rates,
+            "best_fixed": best_key,
+            "default_over_best": default / fixed[best_key],
+            "default_over_one": default / fixed["1"] if "1" in fixed else None,
+            "readers_chosen": chosen,
+            "settled_after_s": settled,
+            "why": by_setting["default"][-1]["why"],
+        }
+        rows.append(row)
+        cells = "  ".join(f"{k}:{v:,.0f}" for k, v in rates.items())
+        print(f"  {case:9} {cells}")
+        print(f"  {'':9} readers chosen {chosen}, settled after {settled} s; {row['why']}")
+        checks.append((f"{case}: default / best fixed ({best_key} threads)", row["default_over_best"], 0.9))
+        if case in LATENCY_CASES and row["default_over_one"] is not None:
+            checks.append((f"{case}: default / one thread", row["default_over_one"], 8.0))
+        worst = max((s for s in settled if s is not None), default=float("inf"))
+        checks.append((f"{case}: seconds of reading until the tuned setting holds", worst, -5.0))
+    slower = sum(1 for r in rows if r["default_over_one"] is not None and r["default_over_one"] < 1)
+    checks.append(("cases where the default is slower than one thread", slower, -0.0))
+    print(f"\ntargets ({where})")
+    for name, value, target in checks:
+        ok = value <= -target if target <= 0 else value >= target
+        bound = f"<= {-target:g}" if target <= 0 else f">= {target:g}"
+        print(f"  {'ok ' if ok else 'MISS'} {name}: {value:.2f} (target {bound})")
+    return {"machine": where, "cases": rows, "targets": [list(c) for c in checks]}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Tuning while reading: the stream never depends on it (re-tuned at random on every request,
+in this process and with a loader process), what was chosen is visible, and it finds more
+readers for reads that wait and fewer for a consumer that sets the pace."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+import arrayfeed as af
+from arrayfeed._pipeline.tuning import Tuner
+
+ROWS = 1500
+
+
+class Chaos(Tuner):
+    """A tuner that draws the groups to read at once at random on every request."""
+
+    def __init__(self, cap: int, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self.asked: set[int] = set()
+        super().__init__(1, cap)
+
+    @property
+    def readers(self) -> int:
+        value = self._rng.choice(self.ladder)
+        self.asked.add(value)
+        return value
+
+
+def force_retuning(b: af.Batches, seed: int) -> Chaos:
+    feed = b._feed
+    chaos = Chaos(max(8, feed.tuner.cap), seed)
+    feed.tuner = chaos
+    if feed._remote is not None:
+        feed._remote.tuner = chaos
+    return chaos
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
+    root = tmp_path_factory.mktemp("autotune")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (ROWS, 8, 8, 3), dtype=np.uint8)
+    y = np.arange(ROWS, dtype=np.int64)
+    np.save(root / "x.npy", x)
+    np.save(root / "y.npy", y)
+    with h5py.File(root / "d.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(64, 8, 8, 3), compression="gzip")
+        f.create_dataset("y", data=y, chunks=(64,), compression="gzip")
+    return {
+        "npy": (str(root / "x.npy"), str(root / "y.npy")),
+        "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
+    }
+
+
+def _double(batch: Any) -> Any:
+    x, y = batch
+    return x, y * 2
+
+
+def _stream(b: af.Batches, epochs: int) -> list[list[np.ndarray]]:
+    return [[np.array(leaf) for batch in b for leaf in batch] for _ in range(epochs)]
+
+
+@pytest.mark.parametrize("processes", [0, 1])
+@pytest.mark.parametrize("store", ["npy", "h5"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"shuffle": True, "seed": 3},
+        {"shuffle": "block", "seed": 5},
+        {"shuffle": True, "seed": 7, "map_batch": _double},
+    ],
+    ids=["full", "block", "map_batch"],
+)
+def test_retuning_on_every_request_never_changes_the_stream(
+    files: dict[str, tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    processes: int,
+    store: str,
+    kwargs: dict[str, Any],
+) -> None:
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 8 << 10)  # many groups
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
+    x, y = files[store]
+    expected = _stream(af.batches(x, y, batch_size=32, num_threads=1, processes=0, **kwargs), 2)
+    b = af.batches(x, y, batch_size=32, processes=processes, **kwargs)
+    assert b._feed.group_steps < b._feed.plan.steps // 4
+    chaos = force_retuning(b, seed=len(kwargs) + processes)
+    got = _stream(b, 2)
+    assert len(chaos.asked) >= 3  # the setting really moved
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got, strict=True):
+        assert len(e) == len(g)
+        assert all(np.array_equal(a, c) and a.dtype == c.dtype for a, c in zip(e, g, strict=True))
+
+
+def test_what_was_chosen_is_visible(files: dict[str, tuple[str, str]]) -> None:
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=64, processes=0)
+    report = af.tuning(b)
+    assert report == b.tuning
+    assert (report.tuned, report.settled, report.readers) == (True, False, b._feed.num_threads + 1)
+    fixed = af.tuning(af.batches(x, y, num_threads=3))
+    assert (fixed.tuned, fixed.settled, fixed.readers) == (False, True, 4)
+    assert "num_threads" in fixed.why and "readers 4" in str(fixed)
+    with pytest.raises(TypeError, match=r"arrayfeed\.batches or arrayfeed\.from_arrays"):
+        af.tuning(np.zeros(3))
+
+
+def test_a_dataset_behind_transformations_says_how_it_reads(
+    files: dict[str, tuple[str, str]],
+) -> None:
+    x, y = files["npy"]
+    ds = af.from_arrays(x, y, batch_size=64, num_threads=2)
+    mapped = ds.map(lambda a, b: (a, b)).prefetch(2)
+    assert af.tuning(mapped) == af.tuning(ds)
+    assert af.tuning(mapped).readers == 3
+
+
+class SlowRows:
+    """Rows of an array whose every read first waits 20 ms without the GIL."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.shape, self.dtype = array.shape, array.dtype
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        time.sleep(0.02)
+        return self.array[indices]
+
+
+def _read_for(b: af.Batches, seconds: float, pause: float = 0.0) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in b:
+            if pause:
+                time.sleep(pause)
+            if time.perf_counter() >= end:
+                break
+
+
+@pytest.mark.slow
+def test_reads_that_wait_get_more_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 * 32 * 16)  # 4 batches
+    x = np.arange(50_000 * 4, dtype=np.float32).reshape(-1, 4)
+    b = af.batches(SlowRows(x), batch_size=32, seed=0)
+    start = b.tuning.readers
+    _read_for(b, 8)
+    report = b.tuning
+    assert report.settled, report
+    assert report.readers >= 4 * start, report
+    assert report.rates[report.readers] > 3 * report.rates[start], report
+    assert report.settled_after is not None and report.settled_after < 8
+
+
+@pytest.mark.slow
+def test_a_consumer_that_sets_the_pace_gets_fewer_readers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)
+    x = np.arange(40_000 * 4, dtype=np.float32).reshape(-1, 4)
+    b = af.batches(x, batch_size=64, seed=0, processes=0)
+    start = b.tuning.readers
+    _read_for(b, 6, pause=0.002)  # a training step of 2 ms: far slower than the reads
+    report = b.tuning
+    assert report.settled and report.readers < start, report

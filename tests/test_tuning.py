@@ -1,0 +1,138 @@
+"""The tuner's ladder (pure logic, on a simulated clock): it climbs while more readers pay, a tie
+goes to fewer, it settles and stays settled, and it tunes again when the rate moves."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrayfeed._pipeline.tuning import LADDER, WINDOW_SECONDS, Tuner
+
+#: Seconds between groups delivered (a group's rows follow from the rate).
+GROUP_SECONDS = 0.01
+
+
+def drive(
+    tuner: Tuner, rate: Callable[[int], float], seconds: float, clock: list[float]
+) -> None:
+    """Deliver groups for ``seconds`` of simulated time at ``rate`` (rows/s at the tuner's
+    current setting)."""
+    end = clock[0] + seconds
+    while clock[0] < end:
+        clock[0] += GROUP_SECONDS
+        tuner.delivered(round(rate(tuner.readers) * GROUP_SECONDS))
+
+
+def new_tuner(start: int = 3, cap: int = 64) -> tuple[Tuner, list[float]]:
+    clock = [0.0]
+    return Tuner(start, cap, clock=lambda: clock[0]), clock
+
+
+def test_climbs_while_more_readers_deliver_more() -> None:
+    tuner, clock = new_tuner()
+    drive(tuner, lambda r: 1e4 * min(r, 16), 20, clock)
+    report = tuner.report()
+    assert (report.readers, report.settled, report.tuned) == (16, True, True)
+    assert report.settled_after is not None and report.settled_after <= 5
+    assert set(report.rates) >= {3, 4, 6, 8, 12, 16, 24}
+    assert "tuned" in report.why and "24 did not deliver more" in report.why
+
+
+def test_a_tie_goes_to_fewer_readers() -> None:
+    """When the consumer sets the pace, every setting delivers the same: one reader is kept."""
+    tuner, clock = new_tuner(start=3)
+    drive(tuner, lambda r: 5e4, 20, clock)
+    assert tuner.readers == 1 and tuner.report().settled
+    assert tuner.history == [3, 4, 2, 1]
+
+
+def test_backs_off_when_more_readers_deliver_less() -> None:
+    curve = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 6: 3.0, 8: 2.0}
+    tuner, clock = new_tuner(start=2, cap=8)
+    drive(tuner, lambda r: 1e4 * curve[r], 20, clock)
+    assert tuner.readers == 4
+    assert tuner.history == [2, 3, 4, 6, 4]
+
+
+def test_a_settled_setting_holds_while_nothing_changes() -> None:
+    tuner, clock = new_tuner()
+    noise = random.Random(0)
+    drive(tuner, lambda r: 1e4 * min(r, 6) * noise.uniform(0.9, 1.1), 10, clock)
+    settled = list(tuner.history)
+    assert tuner.report().settled
+    drive(tuner, lambda r: 1e4 * min(r, 6) * noise.uniform(0.9, 1.1), 600, clock)
+    assert tuner.history == settled  # ten minutes of windows, no move
+
+
+def test_tunes_again_when_the_rate_moves() -> None:
+    tuner, clock = new_tuner()
+    drive(tuner, lambda r: 1e4 * min(r, 2), 20, clock)
+    assert tuner.readers == 2
+    drive(tuner, lambda r: 1e3 * min(r, 32), 60, clock)  # the storage got slow: waits per read
+    report = tuner.report()
+    assert report.readers == 32 and report.settled
+    assert "tuned" in report.why
+
+
+def test_a_pause_between_passes_is_not_counted() -> None:
+    tuner, clock = new_tuner()
+    drive(tuner, lambda r: 1e4 * min(r, 4), 0.2, clock)
+    before = dict(tuner.report().rates)
+    clock[0] += 30  # the consumer validated for 30 s
+    tuner.pass_started()
+    drive(tuner, lambda r: 1e4 * min(r, 4), 0.2, clock)
+    rates = tuner.report().rates
+    assert all(v > 1e4 for v in rates.values()), rates
+    assert before.keys() <= rates.keys()
+
+
+def test_fixed_never_moves() -> None:
+    clock = [0.0]
+    tuner = Tuner(5, 64, fixed=True, clock=lambda: clock[0])
+    drive(tuner, lambda r: 1e4 * r, 20, clock)
+    report = tuner.report()
+    assert (report.readers, report.tuned, report.settled, report.rates) == (5, False, True, {})
+    assert "num_threads" in report.why
+
+
+@pytest.mark.parametrize("cap", [1, 2, 5])
+def test_the_ladder_ends_at_the_cap(cap: int) -> None:
+    tuner, clock = new_tuner(start=3, cap=cap)
+    drive(tuner, lambda r: 1e4 * r, 20, clock)
+    assert tuner.readers == cap and tuner.report().settled
+    assert max(tuner.history) <= cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    knee=st.floats(1.0, 80.0),
+    start=st.sampled_from([1, 2, 3, 4, 5, 9]),
+    fall=st.floats(0.0, 0.5),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_settles_near_the_best_on_a_noisy_curve(
+    knee: float, start: int, fall: float, seed: int
+) -> None:
+    """Rates that rise with readers up to a knee, then stay or fall, with 2% noise per window:
+    the setting kept delivers at least 0.9 of the best on the ladder, within 5 s of reading."""
+
+    def true_rate(r: int) -> float:
+        return 1e4 * (r if r <= knee else knee * max(0.2, 1 - fall * (r - knee) / knee))
+
+    noise = random.Random(seed)
+    tuner, clock = new_tuner(start=start)
+    drive(tuner, lambda r: true_rate(r) * noise.uniform(0.98, 1.02), 30, clock)
+    report = tuner.report()
+    best = max(true_rate(r) for r in tuner.ladder)
+    assert report.settled
+    assert true_rate(report.readers) >= 0.9 * best, (report, tuner.history)
+    assert report.settled_after is not None
+    assert report.settled_after <= 5 + 2 * WINDOW_SECONDS
+
+
+def test_the_ladder_is_increasing() -> None:
+    assert list(LADDER) == sorted(set(LADDER)) and LADDER[0] == 1
