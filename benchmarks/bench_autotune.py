@@ -132,6 +132,7 @@ def run(case: str, data: Data, threads: int | None, warm: float, measure: float)
                 rows += len(x)
                 if now - measured_from >= measure:
                     tuning = b.tuning
+                    history = list(b._feed.tuner.history)
                     del b
                     return {
                         "rows_s": rows / (now - measured_from),
@@ -139,6 +140,7 @@ def run(case: str, data: Data, threads: int | None, warm: float, measure: float)
                         "settled_after": tuning.settled_after,
                         "rates": {str(k): v for k, v in tuning.rates.items()},
                         "why": tuning.why,
+                        "history": history,
                     }
 
 
@@ -171,9 +173,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     key = "default" if threads is None else str(threads)
                     result = run(case, data, threads, args.warm, args.measure)
                     runs[case].setdefault(key, []).append(result)
-                    print(f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s", flush=True)
+                    line = f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s"
+                    if threads is None:
+                        line += f"  (readers {result['history']}, {result['why']})"
+                    print(line, flush=True)
         data.close()
-    report = summarise(runs, machine())
+    where = machine(None)
+    report = summarise(runs, f"{where['cores']} cores, {where['cpu']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))

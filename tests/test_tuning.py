@@ -47,7 +47,7 @@ def test_a_tie_goes_to_fewer_readers() -> None:
     tuner, clock = new_tuner(start=3)
     drive(tuner, lambda r: 5e4, 20, clock)
     assert tuner.readers == 1 and tuner.report().settled
-    assert tuner.history == [3, 4, 2, 1]
+    assert tuner.history == [3, 4, 6, 2, 1]  # 6: one step further before going down
 
 
 def test_backs_off_when_more_readers_deliver_less() -> None:
@@ -55,7 +55,7 @@ def test_backs_off_when_more_readers_deliver_less() -> None:
     tuner, clock = new_tuner(start=2, cap=8)
     drive(tuner, lambda r: 1e4 * curve[r], 20, clock)
     assert tuner.readers == 4
-    assert tuner.history == [2, 3, 4, 6, 4]
+    assert tuner.history == [2, 3, 4, 6, 8, 4]
 
 
 def test_a_settled_setting_holds_while_nothing_changes() -> None:
@@ -105,6 +105,16 @@ def test_the_ladder_ends_at_the_cap(cap: int) -> None:
     drive(tuner, lambda r: 1e4 * r, 20, clock)
     assert tuner.readers == cap and tuner.report().settled
     assert max(tuner.history) <= cap
+
+
+def test_a_step_that_gains_little_gets_one_more_step() -> None:
+    """Reads that wait meet the CPU: 6 % from 4 to 6 readers, but 18 % from 4 to 8."""
+    curve = {1: 30, 2: 55, 3: 80, 4: 100, 6: 106, 8: 118, 12: 135, 16: 150, 24: 152, 32: 150,
+             48: 140, 64: 130}
+    tuner, clock = new_tuner(start=4)
+    drive(tuner, lambda r: 1e3 * curve[r], 30, clock)
+    assert tuner.readers == 16
+    assert tuner.history == [4, 6, 8, 12, 16, 24, 32, 16]
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,6 +9,8 @@ climbing a ladder of settings and measuring what reaches the consumer:
 1. measure the rate (rows per second handed to the consumer) at the starting setting, over a
    window of :data:`WINDOW_SECONDS`;
 2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far;
+   a step that does not is given one more chance, the step after it (rates that rise slowly,
+   as reads that wait meet the CPU, gain little per step but much over two);
 3. if no step up paid, go down while each step down still delivers :data:`TIE` of the best (a
    tie goes to fewer readers: when the consumer sets the pace, more readers only take cores
    from it);
@@ -166,8 +168,11 @@ class Tuner:
             if rate > best * GAIN:
                 self._best, self._climbed = self._at, True
                 self._step("up")
+            elif self._at == self._best + 1 and self._at + 1 < len(self.ladder):
+                self._at += 1  # one step further before giving up
+                self.history.append(self.readers)
             elif self._climbed:
-                self._settle(f"{self.ladder[self._best + 1]} did not deliver more")
+                self._settle(f"{self.ladder[self._best + 1]} did not deliver more")  # nor the next
             else:
                 self._step("down")
         elif self._phase == "down":  # against the best seen, so that ties do not compound
