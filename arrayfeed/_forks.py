@@ -9,8 +9,8 @@ state a lock guarded is left as it was: every user of these locks keeps it consi
 statements (a list pop, a counter, a reference), which a fork cannot split.
 
 ``multiprocessing``'s own locks and ``h5py``'s are not covered; sources reopen their files in a
-child (HDF5 sources check the process id), and ``map_processes`` workers handle their own fork
-(:mod:`arrayfeed._pipeline.procmap`).
+child (HDF5 sources check the process id), and a forked child starts loader processes of its
+own (:mod:`arrayfeed._pipeline.loader`), whose links the parent's never share.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Concurrency that tunes itself, against every fixed setting, on storages whose best differs.
 
 Each case reads ``af.batches`` (default arguments but the one varied) as fast as it goes:
-``default`` (readers tuned while reading) against ``num_threads=N`` fixed, for N in
+``default`` (threads tuned while reading) against ``num_threads=N`` fixed, for N in
 ``--threads``. Every run builds a fresh ``Batches``, reads ``--warm`` seconds (tuning happens
 there), then measures rows/s for ``--measure`` seconds; settings alternate within each of
 ``--reps`` rounds and the tables show medians. Cases (L rows, 60,000 x uint8[64,64,3] scaled by
@@ -136,7 +136,7 @@ def run(case: str, data: Data, threads: int | None, warm: float, measure: float)
                     del b
                     return {
                         "rows_s": rows / (now - measured_from),
-                        "readers": tuning.readers,
+                        "threads": tuning.threads,
                         "settled_after": tuning.settled_after,
                         "rates": {str(k): v for k, v in tuning.rates.items()},
                         "why": tuning.why,
@@ -175,11 +175,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     runs[case].setdefault(key, []).append(result)
                     line = f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s"
                     if threads is None:
-                        line += f"  (readers {result['history']}, {result['why']})"
+                        line += f"  (threads {result['history']}, {result['why']})"
                     print(line, flush=True)
         data.close()
     where = machine(None)
     report = summarise(runs, f"{where['cores']} cores, {where['cpu']}")
+    report["machine"] = where
+    report["command"] = "bench_autotune.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))
@@ -197,7 +199,7 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> d
         fixed = {k: v for k, v in rates.items() if k != "default"}
         best_key = max(fixed, key=lambda k: fixed[k])
         default = rates["default"]
-        chosen = [r["readers"] for r in by_setting["default"]]
+        chosen = [r["threads"] for r in by_setting["default"]]
         settled = [r["settled_after"] for r in by_setting["default"]]
         row = {
             "case": case,
@@ -205,15 +207,17 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> d
             "best_fixed": best_key,
             "default_over_best": default / fixed[best_key],
             "default_over_one": default / fixed["1"] if "1" in fixed else None,
-            "readers_chosen": chosen,
+            "threads_chosen": chosen,
             "settled_after_s": settled,
             "why": by_setting["default"][-1]["why"],
         }
         rows.append(row)
         cells = "  ".join(f"{k}:{v:,.0f}" for k, v in rates.items())
         print(f"  {case:9} {cells}")
-        print(f"  {'':9} readers chosen {chosen}, settled after {settled} s; {row['why']}")
-        checks.append((f"{case}: default / best fixed ({best_key} threads)", row["default_over_best"], 0.9))
+        print(f"  {'':9} threads chosen {chosen}, settled after {settled} s; {row['why']}")
+        checks.append(
+            (f"{case}: default / best fixed ({best_key} threads)", row["default_over_best"], 0.9)
+        )
         if case in LATENCY_CASES and row["default_over_one"] is not None:
             checks.append((f"{case}: default / one thread", row["default_over_one"], 8.0))
         worst = max((s for s in settled if s is not None), default=float("inf"))
@@ -225,7 +229,7 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> d
         ok = value <= -target if target <= 0 else value >= target
         bound = f"<= {-target:g}" if target <= 0 else f">= {target:g}"
         print(f"  {'ok ' if ok else 'MISS'} {name}: {value:.2f} (target {bound})")
-    return {"machine": where, "cases": rows, "targets": [list(c) for c in checks]}
+    return {"cases": rows, "targets": [list(c) for c in checks]}
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ with the command that produced its data:
 - ``neighbour-<machine>.png`` (``bench_neighbour.py``, only when its results are there): steps
   per second of a training loop fed by arrayfeed over the same loop over batches in RAM, per
   case (``store|api|mode``), the median a bar and each repetition a dot.
+- ``autotune-<machine>.png`` (``bench_autotune.py``): rows/s of every fixed ``num_threads``
+  against the default (tuned while reading), one panel per storage.
 
 When a machine has several results of one benchmark, a case measured by a run of fewer cases
 (a follow-up) replaces the same case of a broader run, and the caption names every file drawn.
@@ -60,12 +62,16 @@ class Machine:
     scaling: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
     peers: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
     neighbour: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
+    autotune: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)
 
 
 def kind_of(report: dict[str, Any]) -> str | None:
-    """Which benchmark wrote ``report``: ``"scaling"``, ``"peers"``, ``"neighbour"`` or None."""
+    """Which benchmark wrote ``report``: ``"scaling"``, ``"peers"``, ``"neighbour"``,
+    ``"autotune"`` or None."""
     if isinstance(report.get("samples"), dict):
         return "neighbour"
+    if isinstance(report.get("cases"), list) and "targets" in report:
+        return "autotune"
     config = report.get("config", {})
     if "levels" in config and "rates" in report:
         return "scaling"
@@ -461,17 +467,58 @@ def plot_neighbour(machine: Machine, out: Path) -> list[Path]:
         ax.set_yticks(ys, names, fontsize=8)
         ax.axvline(1.0, color="gray", ls=":", lw=1.2)
         ax.set_xlabel("training steps/s with arrayfeed ÷ the same loop over batches in RAM")
-        info = report.get("machine", {})
-        fig.suptitle(
-            f"The training loop beside arrayfeed: {describe_machine(machine.name, info)}",
-            fontsize=11,
+        lines = titled(
+            fig, "The training loop beside arrayfeed", machine, path, report, "bench_neighbour.py"
         )
-        command = report.get("command", "bench_neighbour.py")
-        if not command.startswith("python "):
-            command = f"python benchmarks/{command}"
-        lines = [f"{machine.name}/{path.name}: {command}", "1.0: the loader costs the loop nothing"]
+        lines.append("1.0: the loader costs the loop nothing")
         suffix = "" if len(machine.neighbour) == 1 else f"-{i + 1}"
         written.append(finish(fig, lines, out / f"neighbour-{machine.name}{suffix}.png"))
+    return written
+
+
+def titled(
+    fig: Figure, title: str, machine: Machine, path: Path, report: dict[str, Any], script: str
+) -> list[str]:
+    """Title ``fig`` with ``title`` and the machine; the caption's line naming the command."""
+    fig.suptitle(
+        f"{title}: {describe_machine(machine.name, report.get('machine', {}))}", fontsize=11
+    )
+    command = report.get("command", script)
+    if not command.startswith("python "):
+        command = f"python benchmarks/{command}"
+    return [f"{machine.name}/{path.name}: {command}"]
+
+
+# -- tuning --------------------------------------------------------------------------------------
+def plot_autotune(machine: Machine, out: Path) -> list[Path]:
+    written = []
+    for i, (path, report) in enumerate(machine.autotune):
+        cases = report["cases"]
+        columns = min(3, len(cases))
+        rows = math.ceil(len(cases) / columns)
+        fig, axes = plt.subplots(
+            rows, columns, figsize=(4 * columns, 3 * rows + 1.6), squeeze=False
+        )
+        for ax, case in zip(axes.flat, cases, strict=False):
+            fixed = {int(k): v for k, v in case["rates"].items() if k != "default"}
+            threads = sorted(fixed)
+            (line,) = ax.plot(threads, [fixed[t] for t in threads], "o-", color="#9bbbd9")
+            tuned = ax.axhline(case["rates"]["default"], color="#1f5fa8", lw=2)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(threads, [str(t) for t in threads])
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{case['case']}: {case['default_over_best']:.2f} of the best", fontsize=9)
+            ax.set_xlabel("num_threads (fixed)", fontsize=8)
+            ax.set_ylabel("rows/s", fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[len(cases) :]:
+            ax.set_visible(False)
+        title = "Tuned while reading vs every fixed setting"
+        lines = titled(fig, title, machine, path, report, "bench_autotune.py")
+        lines.append("medians of alternating runs")
+        suffix = "" if len(machine.autotune) == 1 else f"-{i + 1}"
+        legend = {"fixed num_threads": line, "default (tuned)": tuned}
+        written.append(finish(fig, lines, out / f"autotune-{machine.name}{suffix}.png", legend))
     return written
 
 
@@ -484,6 +531,7 @@ def draw(results: Path, out: Path) -> list[Path]:
                 written.append(path)
         written += plot_peers(machine, out)
         written += plot_neighbour(machine, out)
+        written += plot_autotune(machine, out)
     return written
 
 

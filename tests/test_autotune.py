@@ -1,6 +1,6 @@
 """Tuning while reading: the stream never depends on it (re-tuned at random on every request,
 in this process and with a loader process), what was chosen is visible, and it finds more
-readers for reads that wait and fewer for a consumer that sets the pace."""
+threads for reads that wait and fewer for a consumer that sets the pace."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Chaos(Tuner):
         super().__init__(1, cap)
 
     @property
-    def readers(self) -> int:
+    def threads(self) -> int:
         value = self._rng.choice(self.ladder)
         self.asked.add(value)
         return value
@@ -107,10 +107,10 @@ def test_what_was_chosen_is_visible(files: dict[str, tuple[str, str]]) -> None:
     b = af.batches(x, y, batch_size=64, processes=0)
     report = af.tuning(b)
     assert report == b.tuning
-    assert (report.tuned, report.settled, report.readers) == (True, False, b._feed.num_threads + 1)
+    assert (report.tuned, report.settled, report.threads) == (True, False, b._feed.num_threads)
     fixed = af.tuning(af.batches(x, y, num_threads=3))
-    assert (fixed.tuned, fixed.settled, fixed.readers) == (False, True, 4)
-    assert "num_threads" in fixed.why and "readers 4" in str(fixed)
+    assert (fixed.tuned, fixed.settled, fixed.threads) == (False, True, 3)
+    assert "num_threads" in fixed.why and "threads 3" in str(fixed)
     with pytest.raises(TypeError, match=r"arrayfeed\.batches or arrayfeed\.from_arrays"):
         af.tuning(np.zeros(3))
 
@@ -122,7 +122,7 @@ def test_a_dataset_behind_transformations_says_how_it_reads(
     ds = af.from_arrays(x, y, batch_size=64, num_threads=2)
     mapped = ds.map(lambda a, b: (a, b)).prefetch(2)
     assert af.tuning(mapped) == af.tuning(ds)
-    assert af.tuning(mapped).readers == 3
+    assert af.tuning(mapped).threads == 2
 
 
 class SlowRows:
@@ -151,28 +151,28 @@ def _read_for(b: af.Batches, seconds: float, pause: float = 0.0) -> None:
 
 
 @pytest.mark.slow
-def test_reads_that_wait_get_more_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reads_that_wait_get_more_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 * 32 * 16)  # 4 batches
     x = np.arange(50_000 * 4, dtype=np.float32).reshape(-1, 4)
     b = af.batches(SlowRows(x), batch_size=32, seed=0)
-    start = b.tuning.readers
+    start = b.tuning.threads
     _read_for(b, 8)
     report = b.tuning
     assert report.settled, report
-    assert report.readers >= 4 * start, report
-    assert report.rates[report.readers] > 3 * report.rates[start], report
+    assert report.threads >= 4 * start, report
+    assert report.rates[report.threads] > 3 * report.rates[start], report
     assert report.settled_after is not None and report.settled_after < 8
 
 
 @pytest.mark.slow
-def test_a_consumer_that_sets_the_pace_gets_fewer_readers(
+def test_a_consumer_that_sets_the_pace_gets_fewer_threads(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 16 << 10)
     monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)
     x = np.arange(40_000 * 4, dtype=np.float32).reshape(-1, 4)
     b = af.batches(x, batch_size=64, seed=0, processes=0)
-    start = b.tuning.readers
+    start = b.tuning.threads
     _read_for(b, 6, pause=0.002)  # a training step of 2 ms: far slower than the reads
     report = b.tuning
-    assert report.settled and report.readers < start, report
+    assert report.settled and report.threads < start, report

@@ -21,6 +21,10 @@ def test_bench_measures_every_mode(tmp_path: Path) -> None:
     assert report.rows == 4000 and report.row_bytes == 32 and report.ceiling is None
     text = report.format()
     assert "from_arrays(shuffle='block')" in text and "4,000 rows of 32 bytes" in text
+    # How each pass read: the groups read at once it chose, and the rows/s of each setting.
+    assert set(report.tuning) == set(report.modes)
+    assert all(t.tuned and t.threads >= 1 for t in report.tuning.values())
+    assert text.count("threads ") == 3 and "rows/s per setting" in text
 
 
 def test_bench_spots_chunks_that_split_rows(tmp_path: Path) -> None:
@@ -90,6 +94,7 @@ def test_cli_bench_on_a_whole_file(tmp_path: Path) -> None:
     assert "3,000 rows of 80 bytes, batch 64" in done.stdout
     assert "storage ceiling" in done.stdout
     assert "arrayfeed convert w=PATH x=PATH y=PATH" in done.stdout
+    assert "threads " in done.stdout and "rows/s per setting" in done.stdout
 
 
 def test_arrays_at_errors(tmp_path: Path) -> None:

@@ -69,7 +69,9 @@ def _check_epochs(run: dict[str, Any], epochs: list[int]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["threads", "loader"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_keras_epoch_k_trains_on_arrayfeed_epoch_k(backend: str, where: str, tmp_path: Path) -> None:
+def test_keras_epoch_k_trains_on_arrayfeed_epoch_k(
+    backend: str, where: str, tmp_path: Path
+) -> None:
     result = _run(backend, tmp_path, where)
     assert result["processes"] == (where == "loader")
     _check_epochs(result["plain"], [0, 1, 2])

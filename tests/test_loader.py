@@ -42,8 +42,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     with h5py.File(root / "d.h5", "w") as f:
         f.create_dataset("x", data=x, chunks=(64, 8, 8, 3), compression="lzf")
         f.create_dataset("y", data=y, chunks=(64,), compression="lzf")
-    af.convert({"x": root / "x.npy", "y": root / "y.npy"}, root / "d.zarr", chunk_rows=100,
-               progress=False)
+    af.convert(
+        {"x": root / "x.npy", "y": root / "y.npy"}, root / "d.zarr", chunk_rows=100, progress=False
+    )
     return {
         "npy": (str(root / "x.npy"), str(root / "y.npy")),
         "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
@@ -164,8 +165,11 @@ def test_a_killed_loader_is_a_named_error_and_the_next_epoch_starts_a_new_one(
 
 
 def _fds() -> list[str]:
-    return sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
-                  if os.path.exists(f"/proc/self/fd/{fd}"))
+    return sorted(
+        os.readlink(f"/proc/self/fd/{fd}")
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc entries")
@@ -201,7 +205,10 @@ def _run_script(body: str, *args: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
 
 
@@ -254,16 +261,24 @@ def test_ctrl_c_stops_the_training_process_and_its_loader(files: dict[str, Any])
 
 def test_a_loader_never_runs_the_scripts_main_again(tmp_path: Path, files: dict[str, Any]) -> None:
     script = tmp_path / "train.py"  # no `if __name__ == "__main__":` guard, as scripts often are
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import arrayfeed as af
         print("main ran", flush=True)
-        b = af.batches({files['npy'][0]!r}, batch_size=100, seed=0, processes=1,
+        b = af.batches({files["npy"][0]!r}, batch_size=100, seed=0, processes=1,
                        map_batch=lambda x: x * 2)
         print(sum(len(batch) for batch in b), flush=True)
-    """))
+    """)
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.split() == ["main", "ran", str(ROWS)]
 
 
@@ -286,8 +301,11 @@ def test_a_source_that_cannot_travel_is_named_or_read_here(tmp_path: Path) -> No
     with h5py.File(path, "w") as f:
         f["x"] = np.arange(50.0)
     with h5py.File(path, "a") as f:  # open for writing here: HDF5 locks it against a loader
-        with pytest.raises(af.ConfigError, match=r"`x` cannot be read from another process: .*"
-                           r"open for writing in this process"):
+        with pytest.raises(
+            af.ConfigError,
+            match=r"`x` cannot be read from another process: .*"
+            r"open for writing in this process",
+        ):
             af.batches(f["x"], batch_size=10, processes=1)
         b = af.batches(f["x"], batch_size=10, shuffle=False)  # the default reads it here
         assert b._feed.processes == 0
@@ -314,8 +332,10 @@ def test_a_forked_child_reads_through_loaders_of_its_own(files: dict[str, Any]) 
     parent_loaders = loaders().pids()
     with multiprocessing.get_context("fork").Pool(1) as pool:
         child, child_loaders = pool.apply(_epoch_in_child, (b,))
-    assert child == [yb.tolist() for _, yb in af.batches(x, y, batch_size=100, seed=2,
-                                                         start_epoch=1, processes=0)]
+    assert child == [
+        yb.tolist()
+        for _, yb in af.batches(x, y, batch_size=100, seed=2, start_epoch=1, processes=0)
+    ]
     assert expected != child  # epoch 1, not epoch 0
     assert child_loaders and not set(child_loaders) & set(parent_loaders)
     assert [yb.tolist() for _, yb in b] == child  # the parent's own epoch 1, unchanged
@@ -371,9 +391,19 @@ def test_the_training_process_touches_no_fresh_memory_in_steady_state(
     np.save(tmp_path / "y.npy", np.arange(3000))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_FAULTS), api, str(tmp_path / "x.npy"),
-         str(tmp_path / "y.npy")],
-        capture_output=True, text=True, env=env, timeout=300, check=True,
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(_FAULTS),
+            api,
+            str(tmp_path / "x.npy"),
+            str(tmp_path / "y.npy"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
     )
     faults_per_page, rss_growth_mib = map(float, out.stdout.split())
     assert faults_per_page <= 0.1

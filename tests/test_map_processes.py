@@ -350,8 +350,11 @@ def test_a_map_batch_its_loaders_cannot_import_is_named() -> None:
     sys.modules[module.__name__] = module
     try:
         b = af.batches(np.arange(N), map_batch=module.identity, map_processes=1)
-        with pytest.raises(af.LoaderError, match=r"could not load this dataset's feed .*"
-                           r"ModuleNotFoundError.*arrayfeed_test_only_here"):
+        with pytest.raises(
+            af.LoaderError,
+            match=r"could not load this dataset's feed .*"
+            r"ModuleNotFoundError.*arrayfeed_test_only_here",
+        ):
             list(b)
     finally:
         del sys.modules[module.__name__]
@@ -392,7 +395,9 @@ def test_abandoned_iterators_leave_no_segments_processes_or_files(entry: str) ->
     del ds
     gc.collect()
     assert _shared_mappings() == mapped  # deleting the dataset unmaps its slots …
-    assert all(feed_id not in users for users in loader_processes.loaders()._users.values())  # … ends it
+    assert all(
+        feed_id not in users for users in loader_processes.loaders()._users.values()
+    )  # … ends it
     assert _zombies() == []
     assert _shm() - before[1] == set()
 

@@ -168,6 +168,19 @@ def neighbour_report() -> dict[str, Any]:
     }
 
 
+def autotune_report() -> dict[str, Any]:
+    def case(name: str, default: float) -> dict[str, Any]:
+        rates = {"default": default, "1": 100.0, "2": 190.0, "4": 200.0}
+        return {"case": name, "rates": rates, "default_over_best": default / 200.0}
+
+    return {
+        "cases": [case("npy", 195.0), case("latency", 180.0)],
+        "targets": [["npy: default / best fixed", 0.975, 0.9]],
+        "machine": MACHINE,
+        "command": "bench_autotune.py --quick --cases npy,latency --json out.json",
+    }
+
+
 def write(path: Path, report: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report))
@@ -188,6 +201,8 @@ def test_figures_from_a_small_results_tree(plot: ModuleType, tmp_path: Path) -> 
 
     write(results / "test-2-cores" / "neighbour.json", neighbour_report())
     assert "neighbour-test-2-cores.png" in {p.name for p in plot.draw(results, out)}
+    write(results / "test-2-cores" / "autotune.json", autotune_report())
+    assert "autotune-test-2-cores.png" in {p.name for p in plot.draw(results, out)}
 
 
 def test_each_figure_names_its_command(plot: ModuleType) -> None:

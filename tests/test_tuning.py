@@ -1,4 +1,4 @@
-"""The tuner's ladder (pure logic, on a simulated clock): it climbs while more readers pay, a tie
+"""The tuner's ladder (pure logic, on a simulated clock): it climbs while more threads pay, a tie
 goes to fewer, it settles and stays settled, and it tunes again when the rate moves."""
 
 from __future__ import annotations
@@ -12,19 +12,19 @@ from hypothesis import strategies as st
 
 from arrayfeed._pipeline.tuning import LADDER, WINDOW_SECONDS, Tuner
 
-#: Seconds between groups delivered (a group's rows follow from the rate).
-GROUP_SECONDS = 0.01
+#: Seconds one reader thread takes per group: with ``n`` threads a group comes every
+#: ``GROUP_SECONDS / n`` (its rows follow from the rate).
+GROUP_SECONDS = 0.02
 
 
-def drive(
-    tuner: Tuner, rate: Callable[[int], float], seconds: float, clock: list[float]
-) -> None:
+def drive(tuner: Tuner, rate: Callable[[int], float], seconds: float, clock: list[float]) -> None:
     """Deliver groups for ``seconds`` of simulated time at ``rate`` (rows/s at the tuner's
     current setting)."""
     end = clock[0] + seconds
     while clock[0] < end:
-        clock[0] += GROUP_SECONDS
-        tuner.delivered(round(rate(tuner.readers) * GROUP_SECONDS))
+        interval = GROUP_SECONDS / tuner.threads
+        clock[0] += interval
+        tuner.delivered(round(rate(tuner.threads) * interval))
 
 
 def new_tuner(start: int = 3, cap: int = 64) -> tuple[Tuner, list[float]]:
@@ -32,29 +32,29 @@ def new_tuner(start: int = 3, cap: int = 64) -> tuple[Tuner, list[float]]:
     return Tuner(start, cap, clock=lambda: clock[0]), clock
 
 
-def test_climbs_while_more_readers_deliver_more() -> None:
+def test_climbs_while_more_threads_deliver_more() -> None:
     tuner, clock = new_tuner()
     drive(tuner, lambda r: 1e4 * min(r, 16), 20, clock)
     report = tuner.report()
-    assert (report.readers, report.settled, report.tuned) == (16, True, True)
+    assert (report.threads, report.settled, report.tuned) == (16, True, True)
     assert report.settled_after is not None and report.settled_after <= 5
     assert set(report.rates) >= {3, 4, 6, 8, 12, 16, 24}
     assert "tuned" in report.why and "24 did not deliver more" in report.why
 
 
-def test_a_tie_goes_to_fewer_readers() -> None:
+def test_a_tie_goes_to_fewer_threads() -> None:
     """When the consumer sets the pace, every setting delivers the same: one reader is kept."""
     tuner, clock = new_tuner(start=3)
     drive(tuner, lambda r: 5e4, 20, clock)
-    assert tuner.readers == 1 and tuner.report().settled
+    assert tuner.threads == 1 and tuner.report().settled
     assert tuner.history == [3, 4, 6, 2, 1]  # 6: one step further before going down
 
 
-def test_backs_off_when_more_readers_deliver_less() -> None:
+def test_backs_off_when_more_threads_deliver_less() -> None:
     curve = {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 6: 3.0, 8: 2.0}
     tuner, clock = new_tuner(start=2, cap=8)
     drive(tuner, lambda r: 1e4 * curve[r], 20, clock)
-    assert tuner.readers == 4
+    assert tuner.threads == 4
     assert tuner.history == [2, 3, 4, 6, 8, 4]
 
 
@@ -71,10 +71,10 @@ def test_a_settled_setting_holds_while_nothing_changes() -> None:
 def test_tunes_again_when_the_rate_moves() -> None:
     tuner, clock = new_tuner()
     drive(tuner, lambda r: 1e4 * min(r, 2), 20, clock)
-    assert tuner.readers == 2
+    assert tuner.threads == 2
     drive(tuner, lambda r: 1e3 * min(r, 32), 60, clock)  # the storage got slow: waits per read
     report = tuner.report()
-    assert report.readers == 32 and report.settled
+    assert report.threads == 32 and report.settled
     assert "tuned" in report.why
 
 
@@ -95,7 +95,7 @@ def test_fixed_never_moves() -> None:
     tuner = Tuner(5, 64, fixed=True, clock=lambda: clock[0])
     drive(tuner, lambda r: 1e4 * r, 20, clock)
     report = tuner.report()
-    assert (report.readers, report.tuned, report.settled, report.rates) == (5, False, True, {})
+    assert (report.threads, report.tuned, report.settled, report.rates) == (5, False, True, {})
     assert "num_threads" in report.why
 
 
@@ -103,17 +103,29 @@ def test_fixed_never_moves() -> None:
 def test_the_ladder_ends_at_the_cap(cap: int) -> None:
     tuner, clock = new_tuner(start=3, cap=cap)
     drive(tuner, lambda r: 1e4 * r, 20, clock)
-    assert tuner.readers == cap and tuner.report().settled
+    assert tuner.threads == cap and tuner.report().settled
     assert max(tuner.history) <= cap
 
 
 def test_a_step_that_gains_little_gets_one_more_step() -> None:
-    """Reads that wait meet the CPU: 6 % from 4 to 6 readers, but 18 % from 4 to 8."""
-    curve = {1: 30, 2: 55, 3: 80, 4: 100, 6: 106, 8: 118, 12: 135, 16: 150, 24: 152, 32: 150,
-             48: 140, 64: 130}
+    """Reads that wait meet the CPU: 6 % from 4 to 6 threads, but 18 % from 4 to 8."""
+    curve = {
+        1: 30,
+        2: 55,
+        3: 80,
+        4: 100,
+        6: 106,
+        8: 118,
+        12: 135,
+        16: 150,
+        24: 152,
+        32: 150,
+        48: 140,
+        64: 130,
+    }
     tuner, clock = new_tuner(start=4)
     drive(tuner, lambda r: 1e3 * curve[r], 30, clock)
-    assert tuner.readers == 16
+    assert tuner.threads == 16
     assert tuner.history == [4, 6, 8, 12, 16, 24, 32, 16]
 
 
@@ -127,11 +139,11 @@ def test_a_step_that_gains_little_gets_one_more_step() -> None:
 def test_settles_near_the_best_on_a_noisy_curve(
     knee: float, start: int, fall: float, seed: int
 ) -> None:
-    """Rates that rise with readers up to a knee, then stay or fall, with 2% noise per window:
+    """Rates that rise with threads up to a knee, then stay or fall, with 2% noise per window:
     the setting kept delivers at least 0.9 of the best on the ladder, within 5 s of reading."""
 
     def true_rate(r: int) -> float:
-        return 1e4 * (r if r <= knee else knee * max(0.2, 1 - fall * (r - knee) / knee))
+        return 1e6 * (r if r <= knee else knee * max(0.2, 1 - fall * (r - knee) / knee))
 
     noise = random.Random(seed)
     tuner, clock = new_tuner(start=start)
@@ -139,7 +151,7 @@ def test_settles_near_the_best_on_a_noisy_curve(
     report = tuner.report()
     best = max(true_rate(r) for r in tuner.ladder)
     assert report.settled
-    assert true_rate(report.readers) >= 0.9 * best, (report, tuner.history)
+    assert true_rate(report.threads) >= 0.9 * best, (report, tuner.history)
     assert report.settled_after is not None
     assert report.settled_after <= 5 + 2 * WINDOW_SECONDS
 

@@ -167,8 +167,8 @@ def tuning(data: Any) -> Tuning:
     :func:`arrayfeed.from_arrays` (also behind ``tf.data`` transformations such as ``map``).
 
     >>> import numpy as np, arrayfeed as af
-    >>> af.tuning(af.batches(np.zeros((100, 3)), num_threads=2)).readers
-    3
+    >>> af.tuning(af.batches(np.zeros((100, 3)), num_threads=2)).threads
+    2
     """
     if isinstance(data, Batches):
         return data.tuning

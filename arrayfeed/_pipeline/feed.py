@@ -10,9 +10,9 @@ batches in the graph (``Batches`` into NumPy views), which amortises the per-ele
 ``from_generator``. When one batch alone is about a group's size (large rows), batches are
 yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
-Groups are read ahead by a thread pool (NumPy gathers release the GIL), in order
-(:class:`EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says: tuned while
-reading unless ``num_threads`` fixes it. With ``processes=N`` that pool runs in N loader processes instead, each
+Groups are read ahead by reader threads (NumPy gathers release the GIL), in order
+(:class:`EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says (and one more
+requested): tuned while reading unless ``num_threads`` fixes it. With ``processes=N`` that pool runs in N loader processes instead, each
 reading the groups given to it into shared memory (:mod:`.loader`): the epochs, their order and
 their bytes are the same, only where the reading happens differs.
 """
@@ -42,7 +42,7 @@ from .resident import resident_sources
 from .structure import Treedef
 from .tuning import LADDER, Tuner, Tuning
 
-__all__ = ["EpochPass", "Feed", "default_num_threads", "usable_cores"]
+__all__ = ["EpochPass", "Feed", "Gate", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
 #: is whole batches, so usually a little less). Big, because every ``from_generator`` element has
@@ -56,7 +56,7 @@ GROUP_BYTES = 16 << 20
 MAX_GROUP_BYTES = 64 << 20
 #: Bytes of groups read ahead (``num_threads + 1`` groups) that groups of cheap reads are sized to
 #: fill, within :data:`GROUP_BYTES` and :data:`MAX_GROUP_BYTES`: fewer threads, larger groups.
-#: Tuning reads more groups at once only within these bytes (and never fewer than the default).
+#: Tuning adds reader threads only while their groups fit in these bytes (beyond the default).
 READ_AHEAD_BYTES = 256 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
@@ -116,7 +116,7 @@ class Feed:
         #: whether they were asked for (else a feed that cannot be sent to one is read here).
         self.processes, self.loader_required = processes, loader_required
         #: Reader threads of the default setting (of each loader process, if any), and whether
-        #: ``num_threads`` fixed them (else the groups read at once are tuned while reading).
+        #: ``num_threads`` fixed them (else they are tuned while reading, from this start).
         self.num_threads = num_threads or default_num_threads(mapped=map_batch is not None)
         self.threads_fixed = num_threads is not None
         self._lock = threading.Lock()
@@ -150,18 +150,21 @@ class Feed:
         """Target bytes per group (see :data:`MAX_GROUP_BYTES`)."""
         if self.map_batch is not None or not all(isinstance(s, GatherInto) for s in self.sources):
             return GROUP_BYTES
-        ahead = READ_AHEAD_BYTES // (self.num_threads + 1)
+        # Tuned threads may climb: groups are sized so that READ_THREADS of them fit too.
+        threads = self.num_threads if self.threads_fixed else max(self.num_threads, READ_THREADS)
+        ahead = READ_AHEAD_BYTES // (threads + 1)
         return min(MAX_GROUP_BYTES, max(GROUP_BYTES, ahead))
 
     def _new_tuner(self) -> Tuner:
-        """Groups read at once: ``num_threads + 1`` (one for each thread and one queued) when
-        fixed; else tuned from that start, up to as many groups as :data:`READ_AHEAD_BYTES`
-        holds (at most the ladder's top)."""
-        start = self.num_threads + 1
+        """Reader threads: ``num_threads`` when fixed; else tuned from the default, up to as
+        many as :data:`READ_AHEAD_BYTES` holds the groups of (with the one requested ahead; at
+        most the ladder's top)."""
+        start = self.num_threads
         if self.threads_fixed:
             return Tuner(start, start, fixed=True)
         group = self.group_steps * self.plan.batch_size * self._row_bytes
-        return Tuner(start, max(start, min(LADDER[-1], READ_AHEAD_BYTES // max(1, group))))
+        fits = READ_AHEAD_BYTES // max(1, group) - 1
+        return Tuner(start, max(start, min(LADDER[-1], fits)))
 
     @property
     def _row_bytes(self) -> int:
@@ -169,13 +172,14 @@ class Feed:
         return max(row_bytes(self.sources), sum(s.row_bytes for s in self.specs))
 
     @property
-    def max_readers(self) -> int:
-        """The most groups read at once (threads of an :class:`EpochPass`)."""
-        return self.tuner.cap if not self.threads_fixed else self.num_threads
+    def pool_threads(self) -> int:
+        """Threads of an :class:`EpochPass`: the most reader threads, and one for the group
+        requested ahead when they are tuned (it waits at the pass's :class:`Gate`)."""
+        return self.num_threads if self.threads_fixed else self.tuner.cap + 1
 
     @property
     def tuning(self) -> Tuning:
-        """How many groups are read at once, and why (see :class:`~.tuning.Tuning`)."""
+        """How many reader threads read, and why (see :class:`~.tuning.Tuning`)."""
         return self.tuner.report()
 
     @property
@@ -189,13 +193,13 @@ class Feed:
         # buffer and the batch being consumed), and map_batch inputs; per leaf read or yielded.
         # Plus the index blocks of the epoch (:mod:`.indexblocks`).
         leaves = len(self.sources) + (len(self.specs) if self.map_batch is not None else 0)
-        in_use = self.tuner.cap + 4
+        in_use = self.tuner.cap + 5
         per_row = row_bytes(self.sources) + 8  # and an index per row
         if self.map_batch is not None:
             per_row += sum(s.row_bytes for s in self.specs)
         per_group = self.group_steps * self.plan.batch_size * per_row
         return BufferPool(
-            capacity=2 * in_use * leaves + self.max_readers + 1,
+            capacity=2 * in_use * leaves + self.pool_threads + 1,
             max_bytes=max(256 << 20, 2 * in_use * per_group),
         )
 
@@ -239,7 +243,7 @@ class Feed:
         """Windows a cache holds: those the groups in flight draw from, and two more."""
         plan = self.plan
         window_rows = plan.block_rows * plan.window_blocks
-        in_flight_rows = self.tuner.cap * self.group_steps * plan.batch_size
+        in_flight_rows = (self.tuner.cap + 1) * self.group_steps * plan.batch_size
         return 2 + -(-in_flight_rows // window_rows)
 
     def readers(self, epoch: int) -> list[Source]:
@@ -333,8 +337,8 @@ class Feed:
         return lambda first: int(order.window_at(first * batch))
 
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
-        """Groups of ``epoch`` from ``start_step`` on, read ahead by the thread pool, in order,
-        as many at once as the tuner says."""
+        """Groups of ``epoch`` from ``start_step`` on, read ahead by the reader threads, in
+        order, as many at once as the tuner says and one more requested."""
         todo = deque(self.groups(start_step))
         tuner, batch = self.tuner, self.plan.batch_size
         tuner.pass_started()
@@ -342,7 +346,8 @@ class Feed:
         pending: deque[tuple[int, Future[Any]]] = deque()
         try:
             while todo or pending:
-                while todo and len(pending) < tuner.readers:
+                reading.gate.limit = threads = tuner.threads
+                while todo and len(pending) <= threads:
                     first, stop = todo.popleft()
                     pending.append((stop - first, reading.submit(first, stop)))
                 steps, future = pending.popleft()
@@ -418,14 +423,16 @@ class EpochPass:
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
-        # Threads are started as groups are submitted, up to the most read at once.
-        self._pool = ThreadPoolExecutor(feed.max_readers, thread_name_prefix="arrayfeed-read")
+        #: How many of its reads run at once (the tuner's setting: tasks beyond it wait).
+        self.gate = Gate(feed.tuner.threads)
+        # Threads are started as reads are submitted, up to the most the tuner may ask for.
+        self._pool = ThreadPoolExecutor(feed.pool_threads, thread_name_prefix="arrayfeed-read")
 
     def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
         """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
         feed = self.feed
         future = self._pool.submit(
-            feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
+            self.gate.run, feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
         )
         block = self.indices.block_of(first)
         if self.indices.starts[block] == first:  # compute the next block while this is read
@@ -439,9 +446,41 @@ class EpochPass:
                 # it is only announced (object storage starts fetching it).
                 read = feed.num_threads > 1
                 for cache in self._caches:
-                    self._pool.submit(cache.prefetch_window, ahead, read)
+                    self._pool.submit(self.gate.run, cache.prefetch_window, ahead, read)
         return future
 
     def close(self) -> None:
         """Drop what was not started; wait for what was."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class Gate:
+    """Lets at most :attr:`limit` calls of :meth:`run` run at once; the limit may change at any
+    time (a lower one takes effect as running calls end)."""
+
+    def __init__(self, limit: int) -> None:
+        self._cond = threading.Condition()
+        self._limit = limit
+        self._running = 0
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        if value != self._limit:
+            with self._cond:
+                self._limit = value
+                self._cond.notify_all()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._cond:
+            self._cond.wait_for(lambda: self._running < self._limit)
+            self._running += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify()

@@ -67,12 +67,12 @@ class FeedArgs:
             structure) returning a structure of arrays with the same batch size; the batches are
             what it returns. It runs in reader threads, possibly concurrently (or see
             ``map_processes``).
-        num_threads: Reader threads, fixed: ``num_threads + 1`` groups read at once (in each
-            loader process, if any). By default the groups read at once are tuned while
-            reading: they start at one per core (at most 4, or 8 when ``map_batch`` runs in
-            them) plus one, and move to the setting that delivers the most rows per second to
-            the consumer, a tie going to fewer (see :func:`arrayfeed.tuning`). Either way the
-            batches and their order are the same.
+        num_threads: Reader threads, fixed: groups read at once (in each loader process, if
+            any), one more requested ahead. By default they are tuned while reading: they start
+            at one per core (at most 4, or 8 when ``map_batch`` runs in them) and move to the
+            setting that delivers the most rows per second to the consumer, a tie going to
+            fewer (see :func:`arrayfeed.tuning`). Either way the batches and their order are
+            the same.
         start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
             after it. With the same ``seed``, the stream is exactly the one an uninterrupted run
             produces from that point on.

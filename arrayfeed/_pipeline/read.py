@@ -35,8 +35,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
 
 
 class Allocator(Protocol):
-    """Where :func:`read_rows` gets its output arrays: a :class:`BufferPool`, or the shared
-    memory that ``map_processes`` workers read from (:mod:`.procmap`)."""
+    """Where :func:`read_rows` gets its output arrays: a :class:`BufferPool`, or a loader's
+    slot of shared memory (:mod:`.loader.slots`)."""
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray: ...
 

@@ -1,29 +1,31 @@
-"""Concurrency that tunes itself: how many groups are read at once, found while reading.
+"""Concurrency that tunes itself: how many reader threads, found while reading.
 
-No single number of readers suits every storage: memory-bound reads (``.npy``) peak at a few,
+No single number of reader threads suits every storage: memory-bound reads (``.npy``) peak at a few,
 CPU-bound decoding (gzip) at one per core, and reads that wait (object storage, a ``map_batch``
 that calls a service, a dask array computed chunk by chunk) at many. A :class:`Tuner` finds the
 number while the data is read, the way ``tf.data.AUTOTUNE`` does for its own parallelism, by
 climbing a ladder of settings and measuring what reaches the consumer:
 
 1. measure the rate (rows per second handed to the consumer) at the starting setting, over a
-   window of :data:`WINDOW_SECONDS`;
+   window of :data:`WINDOW_SECONDS`, after a first window that is not counted (the first reads
+   of a dataset warm caches and start threads: not a steady state);
 2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far;
    a step that does not is given one more chance, the step after it (rates that rise slowly,
    as reads that wait meet the CPU, gain little per step but much over two);
 3. if no step up paid, go down while each step down still delivers :data:`TIE` of the best (a
-   tie goes to fewer readers: when the consumer sets the pace, more readers only take cores
+   tie goes to fewer threads: when the consumer sets the pace, more threads only take cores
    from it);
 4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
 The rate is measured where batches are consumed, so it counts everything in the way (reads,
-decoding, ``map_batch``, the loader's hand-over, the consumer itself). A tuner only says how many
-groups to keep in flight; groups are still read into their own buffers and taken in order, so
-tuning changes how fast batches come, never which or in which order.
+decoding, ``map_batch``, the loader's hand-over, the consumer itself). A setting of ``n`` threads
+means what ``num_threads=n`` means: ``n`` groups read at once and one more requested. A tuner
+only says how many; groups are still read into their own buffers and taken in order, so tuning
+changes how fast batches come, never which or in which order.
 
-Pure logic, no threads or I/O: the reading side (:meth:`~.feed.Feed.epoch`,
-:meth:`~.loader.client.RemoteFeed.epoch`) asks :attr:`Tuner.readers` before each request and
+Pure logic, starting no thread and doing no I/O: the reading side (:meth:`~.feed.Feed.epoch`,
+:meth:`~.loader.client.RemoteFeed.epoch`) asks :attr:`Tuner.threads` before each request and
 reports each group it hands over with :meth:`Tuner.delivered`.
 """
 
@@ -56,16 +58,17 @@ class Tuning:
     """What a dataset's reading runs with, and why (see :func:`arrayfeed.tuning`).
 
     Attributes:
-        readers: Groups read at once (one reader thread each, in this process or a loader's).
-        tuned: Whether ``readers`` is tuned while reading (False: fixed by ``num_threads``).
+        threads: Reader threads: groups read at once, in this process or in each loader (one
+            more group is requested ahead), as ``num_threads`` would set them.
+        tuned: Whether ``threads`` is tuned while reading (False: fixed by ``num_threads``).
         settled: Whether tuning has settled (always True when not tuned).
         rates: Rows per second delivered at each setting tried, the latest measurement of each.
-        why: How ``readers`` was chosen, in words.
+        why: How ``threads`` was chosen, in words.
         settled_after: Seconds of reading (from the first group delivered) until tuning last
             settled; None while it has not.
     """
 
-    readers: int
+    threads: int
     tuned: bool
     settled: bool
     rates: dict[int, float] = field(default_factory=dict)
@@ -74,11 +77,11 @@ class Tuning:
 
     def __str__(self) -> str:
         tried = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(self.rates.items()))
-        return f"readers {self.readers} ({self.why}); rows/s per setting: {tried or 'none yet'}"
+        return f"threads {self.threads} ({self.why}); rows/s per setting: {tried or 'none yet'}"
 
 
 class Tuner:
-    """Groups to read at once, tuned online (see the module docstring); ``fixed`` holds it."""
+    """Reader threads, tuned online (see the module docstring); ``fixed`` holds them."""
 
     def __init__(
         self,
@@ -90,16 +93,20 @@ class Tuner:
     ) -> None:
         self.cap = max(1, cap)
         self.fixed = fixed
-        self.ladder = sorted({s for s in LADDER if s <= self.cap} | {min(start, self.cap), self.cap})
+        self.ladder = sorted(
+            {s for s in LADDER if s <= self.cap} | {min(start, self.cap), self.cap}
+        )
         self._clock = clock
         self._lock = threading.Lock()
         self._at = self.ladder.index(min(start, self.cap))
         self._rates: dict[int, float] = {}
         self._best = 0  # ladder position of the best setting so far
-        self._phase = "settled" if fixed else "measure"
+        self._phase = "settled" if fixed else "warm-up"
         self._climbed = False
+        self._down_from = start
         self._drifting = 0
         self._window_start: float | None = None
+        self._skip = 0  # groups still to pass uncounted after a move
         self._rows = 0
         self._groups = 0
         self._why = "fixed by num_threads" if fixed else "measuring the starting setting"
@@ -107,11 +114,11 @@ class Tuner:
         self._last: float | None = None  # when the latest was
         self._settled_after: float | None = None
         #: Settings in the order they were used (for tests and reports).
-        self.history = [self.readers]
+        self.history = [self.threads]
 
     @property
-    def readers(self) -> int:
-        """Groups to keep in flight now."""
+    def threads(self) -> int:
+        """Groups to read at once now (and one more to request ahead)."""
         return self.ladder[self._at]
 
     def pass_started(self) -> None:
@@ -122,13 +129,16 @@ class Tuner:
                 self._window_start = None
 
     def delivered(self, rows: int) -> None:
-        """Count a group of ``rows`` handed to the consumer; may change :attr:`readers`."""
+        """Count a group of ``rows`` handed to the consumer; may change :attr:`threads`."""
         if self.fixed:
             return
         with self._lock:  # groups of concurrent passes may be delivered by several threads
             now = self._last = self._clock()
             if self._first is None:
                 self._first = now
+            if self._skip:  # requested at the setting before the move
+                self._skip -= 1
+                return
             if self._window_start is None:  # the window starts at its first delivery
                 self._window_start, self._rows, self._groups = now, 0, 0
                 return
@@ -137,14 +147,14 @@ class Tuner:
             elapsed = now - self._window_start
             if elapsed < WINDOW_SECONDS or self._groups < WINDOW_GROUPS:
                 return
-            self._decide(self._rows / elapsed)
-            self._window_start = now
-            self._rows = self._groups = 0
+            rate = self._rows / elapsed
+            self._window_start, self._rows, self._groups = now, 0, 0
+            self._decide(rate)  # a new setting's window starts at its first group
 
     def report(self) -> Tuning:
         with self._lock:
             return Tuning(
-                readers=self.readers,
+                threads=self.threads,
                 tuned=not self.fixed,
                 settled=self._phase == "settled",
                 rates=dict(self._rates),
@@ -154,10 +164,17 @@ class Tuner:
 
     # -- the ladder ---------------------------------------------------------------------------------
     def _decide(self, rate: float) -> None:
-        here = self.readers
+        here = self.threads
         if self._phase == "settled":
             self._watch(rate)
-            return
+        elif self._phase == "warm-up":
+            self._phase = "measure"
+        else:
+            self._climb(rate, here)
+        if self.threads != here:  # a new setting: the groups in flight were asked for before it
+            self._window_start, self._skip = None, here + 1
+
+    def _climb(self, rate: float, here: int) -> None:
         self._rates[here] = rate
         best = self._rates.get(self.ladder[self._best], 0.0)
         if self._phase == "measure":
@@ -170,21 +187,24 @@ class Tuner:
                 self._step("up")
             elif self._at == self._best + 1 and self._at + 1 < len(self.ladder):
                 self._at += 1  # one step further before giving up
-                self.history.append(self.readers)
+                self.history.append(self.threads)
             elif self._climbed:
                 self._settle(f"{self.ladder[self._best + 1]} did not deliver more")  # nor the next
             else:
                 self._step("down")
-        elif self._phase == "down":  # against the best seen, so that ties do not compound
-            if rate >= max(self._rates.values()) * TIE:
+        elif self._phase == "down":  # against a fixed reference, so that ties do not compound
+            reference = self._rates[self._down_from]
+            if rate >= reference * TIE:
                 self._best = self._at
+                if rate > reference:
+                    self._down_from = here
                 self._step("down")
             else:
                 self._settle(f"{here} delivered less")
-        # Each move is a new setting: its window starts at its first group.
-        self._window_start = None
 
     def _step(self, direction: str) -> None:
+        if direction == "down" and self._phase != "down":
+            self._down_from = self.ladder[self._best]  # what fewer threads must still deliver
         target = self._best + (1 if direction == "up" else -1)
         if not 0 <= target < len(self.ladder):
             if direction == "up" and not self._climbed:
@@ -193,20 +213,20 @@ class Tuner:
             self._settle("the end of the ladder")
             return
         self._phase, self._at = direction, target
-        self.history.append(self.readers)
+        self.history.append(self.threads)
 
     def _settle(self, reason: str) -> None:
         moved = self._at != self._best
         self._at, self._phase, self._drifting = self._best, "settled", 0
         if moved:
-            self.history.append(self.readers)
-        rate = self._rates[self.readers]
+            self.history.append(self.threads)
+        rate = self._rates[self.threads]
         if self._first is not None and self._last is not None:
             self._settled_after = self._last - self._first
         self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
 
     def _watch(self, rate: float) -> None:
-        chosen = self._rates[self.readers]
+        chosen = self._rates[self.threads]
         if chosen * (1 - DRIFT) <= rate <= chosen / (1 - DRIFT):
             self._drifting = 0
             return
@@ -216,7 +236,7 @@ class Tuner:
             self._settled_after = None
             self._phase, self._drifting = "measure", 0
             self._why = f"tuning again: the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s"
-            self._rates[self.readers] = rate
+            self._rates[self.threads] = rate
             self._best = self._at
             self._climbed = False
             self._step("up")

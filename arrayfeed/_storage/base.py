@@ -247,7 +247,9 @@ def portability(source: Source) -> Portability:
     """How ``source`` reaches another process (a loader)."""
     if isinstance(source, Portable):
         return source.portability()
-    return Portability("stays", f"a {type(source).__name__}, which does not say how it can be read elsewhere")
+    return Portability(
+        "stays", f"a {type(source).__name__}, which does not say how it can be read elsewhere"
+    )
 
 
 def chunked_rows(source: Source) -> int | None:

@@ -84,5 +84,3 @@ def garbage(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     out = np.empty(shape, dtype=native_dtype(dtype))
     out.reshape(-1).view(np.uint8)[...] = _GARBAGE
     return out
-
-

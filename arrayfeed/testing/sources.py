@@ -1,7 +1,6 @@
 """The conformance suite: :class:`SourceTests`, the contract of a source as tests (see the
 package docstring)."""
 
-
 from __future__ import annotations
 
 import hashlib

@@ -67,15 +67,16 @@ class RemoteFeed:
         #: The process this link belongs to (a forked child makes its own).
         self.pid = os.getpid()
         self.processes = processes
-        #: Groups asked for at once per loader (tuned while reading, see :mod:`..tuning`); slots
-        #: are made as they are needed, up to as many as the most groups in flight.
+        #: Reader threads of each loader (tuned while reading, see :mod:`..tuning`): each is
+        #: asked for that many groups and one more. Slots are made as they are needed, up to as
+        #: many as the most groups in flight.
         self.tuner = feed.tuner
         rows = feed.group_steps * feed.plan.batch_size
         self.slots = Slots(
             area_bytes([(s.row_shape, s.dtype) for s in feed.specs], rows),
-            keep=self.tuner.cap * processes + HELD_GROUPS,
+            keep=(self.tuner.cap + 1) * processes + HELD_GROUPS,
         )
-        self._first_slots = self.tuner.readers * processes + HELD_GROUPS
+        self._first_slots = (self.tuner.threads + 1) * processes + HELD_GROUPS
         self._fds: dict[int, int] = {}  # slot -> its descriptor (sent again to a new loader)
         self._blob = blob
         self.feed_id = next(self._ids)
@@ -252,7 +253,8 @@ class RemoteFeed:
         tuner.pass_started()
         try:
             for first, stop in todo:
-                while asked < len(todo) and in_flight < (wanted := tuner.readers * len(links)):
+                threads = tuner.threads
+                while asked < len(todo) and in_flight < (wanted := (threads + 1) * len(links)):
                     slot = self._slot(in_flight, wanted)
                     if slot is None:
                         break
@@ -260,7 +262,7 @@ class RemoteFeed:
                     link = links[owner(a) % len(links)]
                     with self._cond:
                         link.slots[slot] = (token, a)
-                    self._send(link, Read(token, a, b, slot))
+                    self._send(link, Read(token, a, b, slot, threads))
                     asked += 1
                     in_flight += 1
                 message = self._await(token, first, links[owner(first) % len(links)])
@@ -293,7 +295,9 @@ class RemoteFeed:
                 if in_flight:
                     return None
                 ending = any(
-                    token in self._ending for link in self._links for token, _ in link.slots.values()
+                    token in self._ending
+                    for link in self._links
+                    for token, _ in link.slots.values()
                 )
                 if not ending:  # held by the consumer, or by another pass's groups: one more
                     self._add_slots(1)

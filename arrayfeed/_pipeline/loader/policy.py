@@ -70,10 +70,14 @@ def _platform_supported() -> bool:
     return os.name == "posix" and hasattr(socket, "AF_UNIX")
 
 
-def _check_can_load(count: int, sources: Sequence[Source], names: Sequence[str], sparse: bool) -> None:
+def _check_can_load(
+    count: int, sources: Sequence[Source], names: Sequence[str], sparse: bool
+) -> None:
     what = f"`processes={count}` reads in loader processes"
     if not _platform_supported():
-        raise ConfigError(f"{what}, which need Linux or macOS (this is {os.name}); pass `processes=0`.")
+        raise ConfigError(
+            f"{what}, which need Linux or macOS (this is {os.name}); pass `processes=0`."
+        )
     if sparse:
         raise ConfigError(
             f"{what}, but `sparse=True` batches are built in this process; pass `processes=0` "

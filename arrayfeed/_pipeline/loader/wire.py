@@ -87,12 +87,14 @@ class StartEpoch:
 
 @dataclass(frozen=True)
 class Read:
-    """Read the group of steps ``[first, stop)`` of the pass ``token`` into ``slot``."""
+    """Read the group of steps ``[first, stop)`` of the pass ``token`` into ``slot``, with at
+    most ``threads`` of the pass's reads running at once (the consumer's tuner says how many)."""
 
     token: int
     first: int
     stop: int
     slot: int
+    threads: int
 
 
 @dataclass(frozen=True)
