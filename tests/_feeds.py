@@ -1,11 +1,13 @@
 """A :class:`Feed` built as ``from_arrays`` builds it, for tests that look inside one; runs of
-the pieces of a range read."""
+the pieces of a range read; small image files to read."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 
 from arrayfeed._pipeline.build import build_feed
@@ -52,3 +54,22 @@ def piece_runs(pieces: int, rng: np.random.Generator) -> list[list[tuple[int, in
     random_runs = [(a, b) for a, b in itertools.pairwise(cuts) if a < b]
     ways = [[(p, p + 1) for p in range(pieces)], random_runs, [(0, pieces)]]
     return [[way[i] for i in rng.permutation(len(way))] for way in ways]
+
+
+def image_files(root: Path, rows: int, compression: str) -> dict[str, Any]:
+    """``rows`` uint8 images (8 x 8 x 3) and int64 labels as ``.npy`` paths and as chunked HDF5
+    (64 rows a chunk, ``compression``): ``{"npy": (x, y), "h5": ("d.h5:x", "d.h5:y"),
+    "arrays": (x, y)}``."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (rows, 8, 8, 3), dtype=np.uint8)
+    y = np.arange(rows, dtype=np.int64)
+    np.save(root / "x.npy", x)
+    np.save(root / "y.npy", y)
+    with h5py.File(root / "d.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(64, 8, 8, 3), compression=compression)
+        f.create_dataset("y", data=y, chunks=(64,), compression=compression)
+    return {
+        "npy": (str(root / "x.npy"), str(root / "y.npy")),
+        "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
+        "arrays": (x, y),
+    }

@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import pytest
 
 import arrayfeed as af
 from arrayfeed._pipeline.tuning import Tuner
+
+from ._feeds import image_files
 
 ROWS = 1500
 
@@ -44,20 +45,8 @@ def force_retuning(b: af.Batches, seed: int) -> Chaos:
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, str]]:
-    root = tmp_path_factory.mktemp("autotune")
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 255, (ROWS, 8, 8, 3), dtype=np.uint8)
-    y = np.arange(ROWS, dtype=np.int64)
-    np.save(root / "x.npy", x)
-    np.save(root / "y.npy", y)
-    with h5py.File(root / "d.h5", "w") as f:
-        f.create_dataset("x", data=x, chunks=(64, 8, 8, 3), compression="gzip")
-        f.create_dataset("y", data=y, chunks=(64,), compression="gzip")
-    return {
-        "npy": (str(root / "x.npy"), str(root / "y.npy")),
-        "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
-    }
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return image_files(tmp_path_factory.mktemp("autotune"), ROWS, "gzip")
 
 
 def _double(batch: Any) -> Any:

@@ -25,6 +25,7 @@ import pytest
 import arrayfeed as af
 from arrayfeed._pipeline.loader.processes import loaders
 
+from ._feeds import image_files
 from .conftest import REPO_ROOT
 
 ROWS = 1000
@@ -34,23 +35,11 @@ ROWS = 1000
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """x (uint8 images) and y (int64 labels) as .npy paths, chunked lzf HDF5 and Zarr by convert."""
     root = tmp_path_factory.mktemp("loader")
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 255, (ROWS, 8, 8, 3), dtype=np.uint8)
-    y = np.arange(ROWS, dtype=np.int64)
-    np.save(root / "x.npy", x)
-    np.save(root / "y.npy", y)
-    with h5py.File(root / "d.h5", "w") as f:
-        f.create_dataset("x", data=x, chunks=(64, 8, 8, 3), compression="lzf")
-        f.create_dataset("y", data=y, chunks=(64,), compression="lzf")
+    made = image_files(root, ROWS, "lzf")
     af.convert(
         {"x": root / "x.npy", "y": root / "y.npy"}, root / "d.zarr", chunk_rows=100, progress=False
     )
-    return {
-        "npy": (str(root / "x.npy"), str(root / "y.npy")),
-        "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
-        "zarr": (f"{root / 'd.zarr'}:x", f"{root / 'd.zarr'}:y"),
-        "arrays": (x, y),
-    }
+    return {**made, "zarr": (f"{root / 'd.zarr'}:x", f"{root / 'd.zarr'}:y")}
 
 
 def _epochs(b: af.Batches, count: int) -> list[list[tuple[np.ndarray, ...]]]:

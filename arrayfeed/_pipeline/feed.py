@@ -12,9 +12,10 @@ yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
 Groups are read ahead by reader threads (NumPy gathers release the GIL), in order
 (:class:`EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says (and one more
-requested): tuned while reading unless ``num_threads`` fixes it. With ``processes=N`` that pool runs in N loader processes instead, each
-reading the groups given to it into shared memory (:mod:`.loader`): the epochs, their order and
-their bytes are the same, only where the reading happens differs.
+requested): tuned while reading unless ``num_threads`` fixes it. With ``processes=N`` those
+threads run in N loader processes instead, each reading the groups given to it into shared
+memory (:mod:`.loader`): the epochs, their order and their bytes are the same, only where the
+reading happens differs.
 """
 
 from __future__ import annotations
@@ -135,8 +136,7 @@ class Feed:
             self.treedef, self.specs = self.contract.treedef, list(self.contract.specs)
         # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
         # rows must not make groups read gigabytes.
-        out_bytes = sum(s.row_bytes for s in self.specs)
-        batch_bytes = max(1, max(row_bytes(self.sources), out_bytes) * plan.batch_size)
+        batch_bytes = max(1, self._row_bytes * plan.batch_size)
         steps = min(MAX_GROUP_STEPS, self._group_bytes() // batch_bytes)
         if map_seconds > 0:
             steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
