@@ -14,6 +14,12 @@ there), then measures rows/s for ``--measure`` seconds; settings alternate withi
   storage, a network filesystem), full shuffle, batch 256;
 - ``dask``: a dask array over the ``.npy`` file whose 256-row chunks each take 20 ms to
   produce, ``"block"``, batch 256;
+- ``s3zarr``: a Zarr store on S3 (moto's server on 127.0.0.1, written by ``arrayfeed convert``:
+  16,384 rows of ``uint8[4096]``, chunks of 256 rows, lzf) behind a proxy that holds every
+  request 20 ms (``bench_remote.py``'s), in storage order (``shuffle=False``: each group's
+  chunks are fetched when it is read; a ``"block"`` shuffle fetches whole windows ahead, in
+  bursts longer than the tuner's windows), batch 256; the remote cache is kept to 8 MiB, so
+  that every epoch fetches its chunks again;
 - ``map_wait``: ``.npy`` paths with a ``map_batch`` that waits 20 ms per batch without the GIL
   (a lookup service);
 - ``map_gil``: ``.npy`` paths with a ``map_batch`` that holds the GIL (a Python loop per row).
@@ -30,25 +36,31 @@ where the default is slower than one thread.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
+from bench_remote import rows_of, s3_environment, start_moto, start_proxy
 from bench_scaling import Data, machine, shapes
 
 import arrayfeed as af
 
 SEED = 0
 LATENCY = 0.020
-CASES = ("npy", "h5gzip", "latency", "dask", "map_wait", "map_gil")
-LATENCY_CASES = ("latency", "dask", "map_wait")
+CASES = ("npy", "h5gzip", "latency", "s3zarr", "dask", "map_wait", "map_gil")
+LATENCY_CASES = ("latency", "s3zarr", "dask", "map_wait")
+S3_URL = "s3://bench/wide.zarr"
 
 
 class SlowRows:
@@ -97,8 +109,37 @@ def dask_slow(x: np.ndarray) -> Any:
     return da.from_array(x, chunks=(256, *x.shape[1:])).map_blocks(produce, dtype=x.dtype)
 
 
+@contextlib.contextmanager
+def s3_store(rows: int) -> Iterator[None]:
+    """moto's S3 server with :data:`S3_URL` on it, and the environment pointing at a proxy that
+    holds every request :data:`LATENCY` seconds (loader processes started later inherit it)."""
+    import s3fs
+
+    proc, endpoint = start_moto()
+    proxy = None
+    saved = dict(os.environ)
+    os.environ.update(s3_environment(endpoint), ARRAYFEED_REMOTE_CACHE_BYTES=str(8 << 20))
+    try:
+        s3fs.S3FileSystem(skip_instance_cache=True).mkdir("bench")
+        data = rows_of(rows)
+        af.convert({"x": data}, S3_URL, chunk_rows=256, compression="lzf", progress=False)
+        proxy, url = start_proxy(endpoint, LATENCY * 1000)
+        os.environ["AWS_ENDPOINT_URL"] = url
+        s3fs.S3FileSystem.clear_instance_cache()
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for helper in (proxy, proc):
+            if helper is not None:
+                os.kill(helper.pid, signal.SIGTERM)
+                helper.wait(timeout=10)
+
+
 def case_args(case: str, data: Data) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arrays and keyword arguments of ``case``."""
+    if case == "s3zarr":
+        return (f"{S3_URL}:x",), {"batch_size": 256, "shuffle": False}
     xp, yp = data.arrays("npy")
     if case == "npy":
         return (xp, yp), {"batch_size": 256}
@@ -124,7 +165,8 @@ def run(case: str, data: Data, threads: int | None, warm: float, measure: float)
     start = time.perf_counter()
     rows, measured_from = 0, None
     while True:
-        for x, _ in b:
+        for batch in b:
+            x = batch[0] if isinstance(batch, tuple) else batch
             now = time.perf_counter()
             if measured_from is None and now - start >= warm:
                 measured_from, rows = now, 0
@@ -152,6 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warm", type=float, default=5.0)
     parser.add_argument("--measure", type=float, default=3.0)
     parser.add_argument("--rows-scale", type=float, default=1.0)
+    parser.add_argument("--s3-rows", type=int, default=16384, help="rows of the S3 store")
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--quick", action="store_true", help="--reps 1 --warm 4 --measure 1.5")
     parser.add_argument("--json", type=Path)
@@ -165,18 +208,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         data = Data(args.data_dir or Path(tmp), shapes(args.rows_scale)["L"])
         data.ensure({"npy", "h5gzip"} if "h5gzip" in cases else {"npy"})
         data.page_cache()
-        runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in cases}
-        for rep in range(args.reps):
-            for case in cases:
-                order = settings if rep % 2 == 0 else settings[::-1]
-                for threads in order:
-                    key = "default" if threads is None else str(threads)
-                    result = run(case, data, threads, args.warm, args.measure)
-                    runs[case].setdefault(key, []).append(result)
-                    line = f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s"
-                    if threads is None:
-                        line += f"  (threads {result['history']}, {result['why']})"
-                    print(line, flush=True)
+        remote = s3_store(args.s3_rows) if "s3zarr" in cases else contextlib.nullcontext()
+        with remote:
+            runs = sweep(cases, settings, data, args)
         data.close()
     where = machine(None)
     report = summarise(runs, f"{where['cores']} cores, {where['cpu']}")
@@ -186,6 +220,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))
     return report
+
+
+def sweep(
+    cases: list[str], settings: list[int | None], data: Data, args: argparse.Namespace
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Every case at every setting, ``args.reps`` rounds, settings alternating."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in cases}
+    for rep in range(args.reps):
+        for case in cases:
+            order = settings if rep % 2 == 0 else settings[::-1]
+            for threads in order:
+                key = "default" if threads is None else str(threads)
+                result = run(case, data, threads, args.warm, args.measure)
+                runs[case].setdefault(key, []).append(result)
+                line = f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s"
+                if threads is None:
+                    line += f"  (threads {result['history']}, {result['why']})"
+                print(line, flush=True)
+    return runs
 
 
 def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> dict[str, Any]:

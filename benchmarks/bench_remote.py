@@ -117,30 +117,15 @@ def others_share(run: Callable[[], float], helpers: list[int]) -> tuple[float, f
     return result, max(0.0, used) / ((wall1 - wall0) * (os.cpu_count() or 1))
 
 
-async def _proxy(listen: int, target: int, latency: float) -> None:
-    """Forward 127.0.0.1:``listen`` to ``target``, holding what clients send ``latency`` s."""
-
-    async def pipe(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float
-    ) -> None:
-        try:
-            while data := await reader.read(1 << 20):
-                if delay:
-                    await asyncio.sleep(delay)
-                writer.write(data)
-                await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
-    async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", target)
-        await asyncio.gather(pipe(client_r, server_w, latency), pipe(server_r, client_w, 0.0))
-
-    server = await asyncio.start_server(handle, "127.0.0.1", listen)
-    async with server:
-        await server.serve_forever()
+def s3_environment(endpoint: str) -> dict[str, str]:
+    """Credentials and the endpoint of moto's server, as the environment gives them."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
 
 
 def start_proxy(target: str, latency_ms: float) -> tuple[subprocess.Popen[bytes], str]:
@@ -171,7 +156,10 @@ def epoch(af: object, source: object, shuffle: bool | str) -> float:
 
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--proxy":
-        asyncio.run(_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
+        from arrayfeed.testing.latency import LatencyProxy
+
+        target = f"http://127.0.0.1:{sys.argv[3]}"
+        asyncio.run(LatencyProxy(target, float(sys.argv[4]), int(sys.argv[2])).serve())
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=16384)
@@ -192,13 +180,7 @@ def main() -> None:
     args = parser.parse_args()
 
     proc, endpoint = start_moto()
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_EC2_METADATA_DISABLED="true",
-    )
+    os.environ.update(s3_environment(endpoint))
     try:
         local, stored, wrote = write_stores(args.rows)
         for i, latency in enumerate(args.latency_ms):

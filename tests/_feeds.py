@@ -1,9 +1,10 @@
 """A :class:`Feed` built as ``from_arrays`` builds it, for tests that look inside one; runs of
-the pieces of a range read; small image files to read."""
+the pieces of a range read; small image files to read; a tuner that moves on every request."""
 
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from arrayfeed._pipeline.build import build_feed
 from arrayfeed._pipeline.feed import Feed
 from arrayfeed._pipeline.options import FeedArgs
+from arrayfeed._pipeline.tuning import Tuner
 
 
 def h5_feed(
@@ -73,3 +75,28 @@ def image_files(root: Path, rows: int, compression: str) -> dict[str, Any]:
         "h5": (f"{root / 'd.h5'}:x", f"{root / 'd.h5'}:y"),
         "arrays": (x, y),
     }
+
+
+class Chaos(Tuner):
+    """A tuner that draws the groups to read at once at random on every request."""
+
+    def __init__(self, cap: int, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self.asked: set[int] = set()
+        super().__init__(1, cap)
+
+    @property
+    def threads(self) -> int:
+        value = self._rng.choice(self.ladder)
+        self.asked.add(value)
+        return value
+
+
+def force_retuning(b: Any, seed: int) -> Chaos:
+    """Give the feed of ``b`` (an ``arrayfeed.Batches``) and its loaders a :class:`Chaos` tuner."""
+    feed = b._feed
+    chaos = Chaos(max(8, feed.tuner.cap), seed)
+    feed.tuner = chaos
+    if feed._remote is not None:
+        feed._remote.tuner = chaos
+    return chaos

@@ -4,7 +4,6 @@ threads for reads that wait and fewer for a consumer that sets the pace."""
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -13,35 +12,12 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
+from arrayfeed._pipeline.blocks import WindowCache
 from arrayfeed._pipeline.tuning import Tuner
 
-from ._feeds import image_files
+from ._feeds import force_retuning, image_files
 
 ROWS = 1500
-
-
-class Chaos(Tuner):
-    """A tuner that draws the groups to read at once at random on every request."""
-
-    def __init__(self, cap: int, seed: int) -> None:
-        self._rng = random.Random(seed)
-        self.asked: set[int] = set()
-        super().__init__(1, cap)
-
-    @property
-    def threads(self) -> int:
-        value = self._rng.choice(self.ladder)
-        self.asked.add(value)
-        return value
-
-
-def force_retuning(b: af.Batches, seed: int) -> Chaos:
-    feed = b._feed
-    chaos = Chaos(max(8, feed.tuner.cap), seed)
-    feed.tuner = chaos
-    if feed._remote is not None:
-        feed._remote.tuner = chaos
-    return chaos
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +90,46 @@ def test_a_dataset_behind_transformations_says_how_it_reads(
     assert af.tuning(mapped).threads == 2
 
 
+class Pinned(Tuner):
+    """A tuned (not fixed) tuner that stays at ``threads``."""
+
+    def __init__(self, threads: int) -> None:
+        self.pinned = threads
+        super().__init__(threads, 8)
+
+    @property
+    def threads(self) -> int:
+        return self.pinned
+
+
+@pytest.mark.parametrize(("threads", "decoded"), [(1, False), (2, True), (4, True)])
+def test_the_next_window_is_decoded_ahead_only_beside_another_read(
+    files: dict[str, tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    threads: int,
+    decoded: bool,
+) -> None:
+    """A block shuffle decodes the next window ahead when the setting of the moment reads more
+    than one group at once; at one, decoding it would hold back this window's groups, so it is
+    only announced (object storage starts fetching it), whatever setting the pass began with."""
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 8 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
+    calls: list[bool] = []
+    prefetch = WindowCache.prefetch_window
+
+    def spy(self: WindowCache, window: int, read: bool = True) -> None:
+        calls.append(read)
+        prefetch(self, window, read)
+
+    monkeypatch.setattr(WindowCache, "prefetch_window", spy)
+    x, y = files["h5"]
+    b = af.batches(x, y, batch_size=32, shuffle="block", seed=1, processes=0)
+    b._feed.tuner = Pinned(threads)
+    for _ in b:
+        pass
+    assert calls and set(calls) == {decoded}
+
+
 class SlowRows:
     """Rows of an array whose every read first waits 20 ms without the GIL."""
 
@@ -127,6 +143,19 @@ class SlowRows:
     def read(self, indices: np.ndarray) -> np.ndarray:
         time.sleep(0.02)
         return self.array[indices]
+
+
+def test_storage_slow_per_batch_gets_groups_of_few_batches() -> None:
+    """Reads that wait 20 ms: groups of ~50 ms of reading (not 16 MiB), so that up to 64 fit the
+    read-ahead for the tuner to climb to; the stream is the same as from memory."""
+    x = np.arange(20_000 * 4, dtype=np.float32).reshape(-1, 4)
+    slow = af.batches(SlowRows(x), batch_size=32, seed=0, processes=0)
+    fast = af.batches(x, batch_size=32, seed=0, processes=0)
+    assert 1 <= slow._feed.group_steps <= 2
+    assert fast._feed.group_steps >= 100
+    assert slow._feed.tuner.cap == 64
+    for a, b in zip(slow, fast, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def _read_for(b: af.Batches, seconds: float, pause: float = 0.0) -> None:

@@ -22,13 +22,16 @@ import scipy.sparse
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
+import s3fs
 
 import arrayfeed as af
 from arrayfeed._cli import main
 from arrayfeed._storage import Source
 from arrayfeed.testing import SourceTests
+from arrayfeed.testing.latency import LatencyProxy
 
 from . import _moto
+from ._feeds import force_retuning
 from ._moto import (
     CHUNK,
     ROWS,
@@ -41,6 +44,33 @@ from ._moto import (
 
 # The server and its fixtures, for this module.
 moto, aws_env, bucket, stores = _moto.moto, _moto.aws_env, _moto.bucket, _moto.stores
+
+
+# -- reads that wait ------------------------------------------------------------------------------
+@pytest.mark.parametrize("processes", [0, 1])
+def test_a_store_behind_latency_streams_the_same_whatever_reads_at_once(
+    stores: tuple[Path, str], aws_env: str, monkeypatch: pytest.MonkeyPatch, processes: int
+) -> None:
+    """Zarr on S3 with 20 ms per request (a proxy): the reads at once re-drawn at random on
+    every request, here and in a loader, and the stream is that of one thread on local disk."""
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 << 10)  # many groups
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 4 << 10)
+    local, url = stores
+    kwargs: dict[str, Any] = {"batch_size": 32, "shuffle": "block", "seed": 11, "shard": None}
+    expected = _all(af.batches(f"{local}:x", f"{local}:y", num_threads=1, processes=0, **kwargs))
+    with LatencyProxy(aws_env, 0.02) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        s3fs.S3FileSystem.clear_instance_cache()
+        b = af.batches(f"{url}:x", f"{url}:y", processes=processes, **kwargs)
+        chaos = force_retuning(b, seed=processes)
+        try:
+            got = _all(b)
+        finally:
+            del b
+            s3fs.S3FileSystem.clear_instance_cache()  # clients of the proxy, gone after the block
+    assert proxy.held >= ROWS // CHUNK  # every chunk came through the proxy
+    assert len(chaos.asked) >= 3  # the setting really moved
+    _same(got, expected)
 
 
 # -- URLs are URLs ---------------------------------------------------------------------------------

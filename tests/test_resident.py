@@ -286,7 +286,9 @@ def test_a_zarr_label_leaf_is_read_once_through_its_checksums(
             ys.append(by.copy())
         assert sorted(np.concatenate(ys).tolist()) == list(range(0, 3 * N, 3))
     assert reads.count("y") == N // ROWS  # every label chunk once, in two epochs
-    assert reads.count("x") == 2 * (N // ROWS)
+    # The features: every chunk once an epoch, and those of the first batch once more, when the
+    # dataset was built (timed: storage slow per batch gets groups of few batches).
+    assert reads.count("x") == 2 * (N // ROWS) + -(-50 // ROWS)
 
     chunk = tmp_path / "d.zarr" / "y" / "c" / "5"
     data = bytearray(chunk.read_bytes())

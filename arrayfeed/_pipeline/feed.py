@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -39,11 +40,12 @@ from .loader.client import RemoteFeed
 from .mapbatch import Contract, LeafSpec, probe
 from .plan import Plan, check_position
 from .read import Allocator, BufferPool, read_rows
-from .resident import resident_sources
+from .readers import ReaderThreads
+from .resident import Resident, resident_sources
 from .structure import Treedef
 from .tuning import LADDER, Tuner, Tuning
 
-__all__ = ["EpochPass", "Feed", "Gate", "default_num_threads", "usable_cores"]
+__all__ = ["EpochPass", "Feed", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
 #: is whole batches, so usually a little less). Big, because every ``from_generator`` element has
@@ -65,6 +67,12 @@ MAX_GROUP_STEPS = 1024
 #: reader thread before it is yielded, so a slow ``map_batch`` gets groups of few batches (one
 #: batch when a call takes this long), and N threads map N of them at once.
 GROUP_MAP_SECONDS = 0.005
+#: Most seconds of reading per group (one reader thread) when some leaf does not gather from
+#: memory: storage that is slow per byte (object storage, a dask array computed chunk by chunk,
+#: heavy decoding) gets groups of few batches, so that the reads in flight, not the size of each,
+#: carry the rate, and the tuner finds how many the storage needs within the read-ahead.
+#: Measured on the first batch when the feed is built.
+GROUP_READ_SECONDS = 0.05
 
 _INDEX = np.dtype(np.int64)
 
@@ -140,6 +148,9 @@ class Feed:
         steps = min(MAX_GROUP_STEPS, self._group_bytes() // batch_bytes)
         if map_seconds > 0:
             steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
+        read_seconds = self._read_seconds()
+        if read_seconds > 0:
+            steps = min(steps, int(GROUP_READ_SECONDS // read_seconds))
         self.group_steps = int(max(1, steps))
         self.tuner = self._new_tuner()
         self.pool = self._new_pool()
@@ -173,9 +184,9 @@ class Feed:
 
     @property
     def pool_threads(self) -> int:
-        """Threads of an :class:`EpochPass`: the most reader threads, and one for the group
-        requested ahead when they are tuned (it waits at the pass's :class:`Gate`)."""
-        return self.num_threads if self.threads_fixed else self.tuner.cap + 1
+        """Threads of an :class:`EpochPass`: the most reader threads the tuner may ask for (the
+        group requested ahead waits in its queue)."""
+        return self.tuner.cap
 
     @property
     def tuning(self) -> Tuning:
@@ -346,7 +357,7 @@ class Feed:
         pending: deque[tuple[int, Future[Any]]] = deque()
         try:
             while todo or pending:
-                reading.gate.limit = threads = tuner.threads
+                reading.threads = threads = tuner.threads
                 while todo and len(pending) <= threads:
                     first, stop = todo.popleft()
                     pending.append((stop - first, reading.submit(first, stop)))
@@ -399,6 +410,19 @@ class Feed:
         out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
         return self.plan.indices(epoch, first, stop, out=out)
 
+    def _read_seconds(self) -> float:
+        """Seconds a batch takes to read from the leaves read from storage for every group (not
+        gathered from memory, not held in it), timed on the first batch's rows in storage order;
+        0 when there are none."""
+        slow = [s for s in self.readable if not isinstance(s, (GatherInto, Resident))]
+        if not slow:
+            return 0.0
+        start, _ = self.plan.bounds
+        rows = min(self.plan.batch_size, self.plan.rows_per_epoch)
+        began = time.perf_counter()
+        read_rows(slow, np.arange(start, start + rows, dtype=np.int64))
+        return (time.perf_counter() - began) * self.plan.batch_size / max(1, rows)
+
     def _probe_map_batch(self) -> tuple[Contract, float]:
         """Run ``map_batch`` once on the first rows in storage order to learn its contract (and
         how long it takes, per batch)."""
@@ -423,16 +447,23 @@ class EpochPass:
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
-        #: How many of its reads run at once (the tuner's setting: tasks beyond it wait).
-        self.gate = Gate(feed.tuner.threads)
         # Threads are started as reads are submitted, up to the most the tuner may ask for.
-        self._pool = ThreadPoolExecutor(feed.pool_threads, thread_name_prefix="arrayfeed-read")
+        self._pool = ReaderThreads(feed.tuner.threads, feed.pool_threads)
+
+    @property
+    def threads(self) -> int:
+        """How many of its tasks run at once (the tuner's setting; tasks beyond it wait)."""
+        return self._pool.limit
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._pool.limit = value
 
     def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
         """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
         feed = self.feed
         future = self._pool.submit(
-            self.gate.run, feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
+            feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
         )
         block = self.indices.block_of(first)
         if self.indices.starts[block] == first:  # compute the next block while this is read
@@ -444,43 +475,11 @@ class EpochPass:
                 self._warmed.add(ahead)
                 # With one thread, decoding the next window would hold back this one's groups:
                 # it is only announced (object storage starts fetching it).
-                read = feed.num_threads > 1
+                read = self.threads > 1
                 for cache in self._caches:
-                    self._pool.submit(self.gate.run, cache.prefetch_window, ahead, read)
+                    self._pool.submit(cache.prefetch_window, ahead, read)
         return future
 
     def close(self) -> None:
         """Drop what was not started; wait for what was."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-class Gate:
-    """Lets at most :attr:`limit` calls of :meth:`run` run at once; the limit may change at any
-    time (a lower one takes effect as running calls end)."""
-
-    def __init__(self, limit: int) -> None:
-        self._cond = threading.Condition()
-        self._limit = limit
-        self._running = 0
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @limit.setter
-    def limit(self, value: int) -> None:
-        if value != self._limit:
-            with self._cond:
-                self._limit = value
-                self._cond.notify_all()
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self._cond:
-            self._cond.wait_for(lambda: self._running < self._limit)
-            self._running += 1
-        try:
-            return fn(*args)
-        finally:
-            with self._cond:
-                self._running -= 1
-                self._cond.notify()
+        self._pool.shutdown()

@@ -9,12 +9,18 @@ climbing a ladder of settings and measuring what reaches the consumer:
 1. measure the rate (rows per second handed to the consumer) at the starting setting, over a
    window of :data:`WINDOW_SECONDS`, after a first window that is not counted (the first reads
    of a dataset warm caches and start threads: not a steady state);
-2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far;
-   a step that does not is given one more chance, the step after it (rates that rise slowly,
-   as reads that wait meet the CPU, gain little per step but much over two);
-3. if no step up paid, go down while each step down still delivers :data:`TIE` of the best (a
-   tie goes to fewer threads: when the consumer sets the pace, more threads only take cores
-   from it);
+2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far
+   (two rungs at a time after a step that delivered :data:`LEAP` times more, and the rung a leap
+   skipped when the leap went too far); a step that does not is given one more chance, the step
+   after it (rates that rise slowly, as reads that wait meet the CPU, gain little per step but
+   much over two);
+3. then measure the best again and go down from it, measuring each setting below again, while
+   each still delivers :data:`TIE` of what the best delivers now (a tie goes to fewer threads:
+   when the consumer sets the pace, more threads only take cores from it). Measuring again after
+   a climb cancels a rate that rose while climbing for reasons of its own (caches and
+   read-ahead filling in the first seconds): each step up then looked better than it was, and
+   the settings below, measured after the rise, are compared with the best measured after it
+   too;
 4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
@@ -36,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["DRIFT", "GAIN", "LADDER", "TIE", "WINDOW_SECONDS", "Tuner", "Tuning"]
+__all__ = ["DRIFT", "GAIN", "LADDER", "LEAP", "TIE", "WINDOW_SECONDS", "Tuner", "Tuning"]
 
 #: Settings tried, in order (those up to a feed's cap).
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -45,6 +51,10 @@ WINDOW_SECONDS = 0.3
 WINDOW_GROUPS = 2
 #: A step up is kept when it delivers this many times the best rate so far.
 GAIN = 1.10
+#: A step up that delivers this many times the best rate so far is followed by a leap of two
+#: rungs (about twice the threads): reads that wait gain nearly in proportion, and a long ladder
+#: climbed a rung at a time would take many windows.
+LEAP = 1.3
 #: A step down is kept when it still delivers this share of the best rate so far.
 TIE = 0.95
 #: A held setting is tuned again when the rate leaves ``[rate * (1 - DRIFT), rate / (1 - DRIFT)]``
@@ -102,8 +112,9 @@ class Tuner:
         self._rates: dict[int, float] = {}
         self._best = 0  # ladder position of the best setting so far
         self._phase = "settled" if fixed else "warm-up"
-        self._climbed = False
         self._down_from = start
+        self._leapt = False  # the last step up was a leap of two rungs
+        self._filling = False  # measuring the rung that leap skipped
         self._drifting = 0
         self._window_start: float | None = None
         self._skip = 0  # groups still to pass uncounted after a move
@@ -178,20 +189,26 @@ class Tuner:
         self._rates[here] = rate
         best = self._rates.get(self.ladder[self._best], 0.0)
         if self._phase == "measure":
-            self._best = self._at
-            self._climbed = False
+            self._best, self._leapt, self._filling = self._at, False, False
             self._step("up")
         elif self._phase == "up":
-            if rate > best * GAIN:
-                self._best, self._climbed = self._at, True
-                self._step("up")
+            if self._filling:  # the rung a leap skipped: the last of the climb
+                self._filling = False
+                if rate > best * GAIN:
+                    self._best = self._at
+                self._again()
+            elif rate > best * GAIN:
+                self._best, self._leapt = self._at, rate > best * LEAP
+                self._step("up", 2 if self._leapt else 1)
+            elif self._leapt and self._at == self._best + 2:  # too far: the rung skipped
+                self._leapt, self._filling = False, True
+                self._move(self._best + 1)
             elif self._at == self._best + 1 and self._at + 1 < len(self.ladder):
-                self._at += 1  # one step further before giving up
-                self.history.append(self.threads)
-            elif self._climbed:
-                self._settle(f"{self.ladder[self._best + 1]} did not deliver more")  # nor the next
+                self._move(self._at + 1)  # one step further before giving up
             else:
-                self._step("down")
+                self._again()
+        elif self._phase == "again":  # the reference of the way down, measured now
+            self._step("down")
         elif self._phase == "down":  # against a fixed reference, so that ties do not compound
             reference = self._rates[self._down_from]
             if rate >= reference * TIE:
@@ -202,17 +219,35 @@ class Tuner:
             else:
                 self._settle(f"{here} delivered less")
 
-    def _step(self, direction: str) -> None:
+    def _again(self) -> None:
+        """The climb is over: measure the best again before going down from it (see the module
+        docstring: a rate measured while climbing may have risen since for reasons of its
+        own, and what fewer threads deliver is compared with what the best delivers now)."""
+        if self._best == 0:
+            self._settle(f"{self.ladder[1]} did not deliver more")
+        elif self._at == self._best:  # measured just now
+            self._step("down")
+        else:
+            self._phase = "again"
+            self._move(self._best)
+
+    def _step(self, direction: str, rungs: int = 1) -> None:
         if direction == "down" and self._phase != "down":
             self._down_from = self.ladder[self._best]  # what fewer threads must still deliver
-        target = self._best + (1 if direction == "up" else -1)
+        target = self._best + (rungs if direction == "up" else -1)
+        if direction == "up" and target >= len(self.ladder) > self._best + 1:
+            target = len(self.ladder) - 1  # a leap past the top: the top
         if not 0 <= target < len(self.ladder):
-            if direction == "up" and not self._climbed:
+            if direction == "up":  # the top: down from there
                 self._step("down")
-                return
-            self._settle("the end of the ladder")
+            else:
+                self._settle("none fewer to try")
             return
-        self._phase, self._at = direction, target
+        self._phase = direction
+        self._move(target)
+
+    def _move(self, at: int) -> None:
+        self._at = at
         self.history.append(self.threads)
 
     def _settle(self, reason: str) -> None:
@@ -237,6 +272,5 @@ class Tuner:
             self._phase, self._drifting = "measure", 0
             self._why = f"tuning again: the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s"
             self._rates[self.threads] = rate
-            self._best = self._at
-            self._climbed = False
+            self._best, self._leapt, self._filling = self._at, False, False
             self._step("up")

@@ -135,7 +135,7 @@ class FeedServer:
         with state.lock:
             state.running += 1
         try:
-            state.reading.gate.limit = message.threads
+            state.reading.threads = message.threads
             future = state.reading.submit(message.first, message.stop, area)
         except BaseException as exc:
             self._done(message, state, area, None, exc)
