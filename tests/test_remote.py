@@ -9,7 +9,11 @@ bit with the same data read from local disk. Failures are in ``test_remote_error
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -71,6 +75,38 @@ def test_a_store_behind_latency_streams_the_same_whatever_reads_at_once(
     assert proxy.held >= ROWS // CHUNK  # every chunk came through the proxy
     assert len(chaos.asked) >= 3  # the setting really moved
     _same(got, expected)
+
+
+def test_the_latency_proxy_holds_each_request_and_passes_every_byte() -> None:
+    """What the latency tests rest on: a request through the proxy arrives whole, and no sooner
+    than the time it is held."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):  # the proxy may end the connection abruptly
+            while data := conn.recv(1 << 16):
+                conn.sendall(data)
+
+    server = threading.Thread(target=echo, daemon=True)
+    server.start()
+    payload = bytes(range(256)) * 40
+    target = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    with (
+        LatencyProxy(target, 0.05) as proxy,
+        socket.create_connection(("127.0.0.1", proxy.port)) as client,
+    ):
+        began = time.perf_counter()
+        client.sendall(payload)
+        got = b""
+        while len(got) < len(payload):
+            got += client.recv(1 << 16)
+        waited = time.perf_counter() - began
+    server.join(10)
+    listener.close()
+    assert got == payload
+    assert waited >= 0.05
+    assert proxy.held >= 1
 
 
 # -- URLs are URLs ---------------------------------------------------------------------------------

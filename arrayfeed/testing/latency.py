@@ -39,6 +39,7 @@ class LatencyProxy:
         #: Pieces held so far (one per request, for requests that fit one read).
         self.held = 0
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()  # of connections open
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -56,11 +57,14 @@ class LatencyProxy:
         with contextlib.suppress(asyncio.CancelledError):
             await server.serve_forever()
         server.close()
-        # Connections clients keep open end with the proxy (not awaited: a client may never
-        # close its end).
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task():
-                task.cancel()
+        # Connections clients keep open end with the proxy: their sockets are closed, and each
+        # connection's task ends as its reads do (not cancelled: asyncio reports a cancelled
+        # connection task as an error).
+        for writer in list(self._writers):
+            writer.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=5)
 
     def __enter__(self) -> LatencyProxy:
         self._loop = asyncio.new_event_loop()
@@ -89,9 +93,17 @@ class LatencyProxy:
             self._loop.close()
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers.add(client_w)
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.add(server_w)
         await asyncio.gather(
-            self._pipe(client_r, server_w, self.seconds), self._pipe(server_r, client_w, 0.0)
+            self._pipe(client_r, server_w, self.seconds),
+            self._pipe(server_r, client_w, 0.0),
+            return_exceptions=True,  # each pipe closes what it writes to
         )
 
     async def _pipe(
@@ -104,7 +116,8 @@ class LatencyProxy:
                     await asyncio.sleep(delay)
                 writer.write(data)
                 await writer.drain()
-        except ConnectionError:
+        except (ConnectionError, OSError):
             pass
         finally:
             writer.close()
+            self._writers.discard(writer)
