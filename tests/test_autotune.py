@@ -146,8 +146,9 @@ class SlowRows:
 
 
 def test_storage_slow_per_batch_gets_groups_of_few_batches() -> None:
-    """Reads that wait 20 ms: groups of ~50 ms of reading (not 16 MiB), so that up to 64 fit the
-    read-ahead for the tuner to climb to; the stream is the same as from memory."""
+    """Reads that wait 20 ms: groups of ~50 ms of waiting (not 16 MiB), so that up to 64 fit the
+    read-ahead for the tuner to climb to; the stream is the same as from memory. Reads that use
+    the CPU as long keep groups sized by bytes."""
     x = np.arange(20_000 * 4, dtype=np.float32).reshape(-1, 4)
     slow = af.batches(SlowRows(x), batch_size=32, seed=0, processes=0)
     fast = af.batches(x, batch_size=32, seed=0, processes=0)
@@ -156,6 +157,18 @@ def test_storage_slow_per_batch_gets_groups_of_few_batches() -> None:
     assert slow._feed.tuner.cap == 64
     for a, b in zip(slow, fast, strict=True):
         np.testing.assert_array_equal(a, b)
+    busy = af.batches(BusyRows(x), batch_size=32, seed=0, processes=0)
+    assert busy._feed.group_steps == fast._feed.group_steps
+
+
+class BusyRows(SlowRows):
+    """Rows whose every read first uses the CPU for 20 ms (decoding)."""
+
+    def read(self, indices: np.ndarray) -> np.ndarray:
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+        return self.array[indices]
 
 
 def _read_for(b: af.Batches, seconds: float, pause: float = 0.0) -> None:

@@ -67,12 +67,13 @@ MAX_GROUP_STEPS = 1024
 #: reader thread before it is yielded, so a slow ``map_batch`` gets groups of few batches (one
 #: batch when a call takes this long), and N threads map N of them at once.
 GROUP_MAP_SECONDS = 0.005
-#: Most seconds of reading per group (one reader thread) when some leaf does not gather from
-#: memory: storage that is slow per byte (object storage, a dask array computed chunk by chunk,
-#: heavy decoding) gets groups of few batches, so that the reads in flight, not the size of each,
-#: carry the rate, and the tuner finds how many the storage needs within the read-ahead.
-#: Measured on the first batch when the feed is built.
-GROUP_READ_SECONDS = 0.05
+#: Most seconds a reader thread waits per group (reading without using the CPU: object storage,
+#: a disk, a dask array computed elsewhere): storage whose reads wait gets groups of few batches,
+#: so that the reads in flight, not the size of each, carry the rate, and the tuner finds how many
+#: the storage needs within the read-ahead. Reads that use the CPU (decoding) keep groups sized
+#: by bytes: beside a training loop each group has fixed costs, and more of them in flight gain
+#: nothing once the cores are busy. Timed on a batch read when the feed is built.
+GROUP_WAIT_SECONDS = 0.05
 
 _INDEX = np.dtype(np.int64)
 
@@ -148,9 +149,9 @@ class Feed:
         steps = min(MAX_GROUP_STEPS, self._group_bytes() // batch_bytes)
         if map_seconds > 0:
             steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
-        read_seconds = self._read_seconds()
-        if read_seconds > 0:
-            steps = min(steps, int(GROUP_READ_SECONDS // read_seconds))
+        wait_seconds = self._wait_seconds()
+        if wait_seconds > 0:
+            steps = min(steps, int(GROUP_WAIT_SECONDS // wait_seconds))
         self.group_steps = int(max(1, steps))
         self.tuner = self._new_tuner()
         self.pool = self._new_pool()
@@ -410,18 +411,26 @@ class Feed:
         out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
         return self.plan.indices(epoch, first, stop, out=out)
 
-    def _read_seconds(self) -> float:
-        """Seconds a batch takes to read from the leaves read from storage for every group (not
-        gathered from memory, not held in it), timed on the first batch's rows in storage order;
-        0 when there are none."""
+    def _wait_seconds(self) -> float:
+        """Seconds a reader thread waits per batch on the leaves read from storage for every
+        group (not gathered from memory, not held in it): the time a read takes beyond the CPU
+        time of its thread, when waiting is most of it (0 otherwise, or when no leaf is read
+        from storage). Timed on the second batch's rows in storage order, after the first (which
+        opens indexes and connections)."""
         slow = [s for s in self.readable if not isinstance(s, (GatherInto, Resident))]
         if not slow:
             return 0.0
-        start, _ = self.plan.bounds
+        start, stop = self.plan.bounds
         rows = min(self.plan.batch_size, self.plan.rows_per_epoch)
-        began = time.perf_counter()
         read_rows(slow, np.arange(start, start + rows, dtype=np.int64))
-        return (time.perf_counter() - began) * self.plan.batch_size / max(1, rows)
+        second = start + rows if start + 2 * rows <= stop else start
+        began, cpu = time.perf_counter(), time.thread_time()
+        read_rows(slow, np.arange(second, second + rows, dtype=np.int64))
+        took, used = time.perf_counter() - began, time.thread_time() - cpu
+        waited = took - used
+        if waited <= used:  # mostly decoding (or sharing the cores): sized by bytes
+            return 0.0
+        return waited * self.plan.batch_size / max(1, rows)
 
     def _probe_map_batch(self) -> tuple[Contract, float]:
         """Run ``map_batch`` once on the first rows in storage order to learn its contract (and
