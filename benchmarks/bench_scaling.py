@@ -408,10 +408,11 @@ def tf_rows(batch: Any) -> int:
     return int(batch[1].shape[0])
 
 
-def feed_run(make: Callable[[], Feed], info: dict[str, Any]) -> Run:
+def feed_run(make: Callable[[], Feed], info: dict[str, Any], warm: float = 0.0) -> Run:
     """Epochs of a Feed built afresh for every run (untimed), so that only one case's buffers
     exist at a time (dozens of feeds kept alive held 7 GiB for L on 2 cores); the epoch number
-    carries on from run to run."""
+    carries on from run to run. With ``warm``, the feed is read that long before it is timed
+    (tuned threads settle there), and what the tuner chose is kept in ``info``."""
     state = {"epoch": 0}
 
     def run(budget: float) -> tuple[int, float]:
@@ -422,12 +423,21 @@ def feed_run(make: Callable[[], Feed], info: dict[str, Any]) -> Run:
             state["epoch"] += 1
             return feed.epoch(state["epoch"] - 1)
 
-        return drain(new_epoch, budget, numpy_rows)
+        if warm > 0:
+            drain(new_epoch, warm, numpy_rows)
+        result = drain(new_epoch, budget, numpy_rows)
+        tuning = feed.tuning
+        if tuning.tuned:
+            info.setdefault("tuned_threads", []).append(tuning.threads)
+            info.setdefault("settled_after", []).append(tuning.settled_after)
+            info.setdefault("history", []).append(list(feed.tuner.history))
+            info["why"] = tuning.why
+        return result
 
     return run
 
 
-def from_arrays_run(make: Callable[[int], Any]) -> Run:
+def from_arrays_run(make: Callable[[int], Any], warm: float = 0.0) -> Run:
     """Like :func:`feed_run`, for ``make(start_epoch)`` building a ``from_arrays`` dataset:
     every iteration of it is the next epoch."""
     state = {"epoch": 0}
@@ -439,6 +449,8 @@ def from_arrays_run(make: Callable[[int], Any]) -> Run:
             state["epoch"] += 1
             return ds
 
+        if warm > 0:
+            drain(new_epoch, warm, tf_rows)
         return drain(new_epoch, budget, tf_rows)
 
     return run
@@ -528,9 +540,17 @@ def anon_gib() -> float:
     return float("nan")
 
 
-def measure(cases: list[Case], reps: int, seconds: float, log: Callable[[str], None]) -> None:
-    """Warm every case up, then ``reps`` rounds over all cases (interleaved)."""
-    for case in cases:
+def measure(
+    cases: list[Case],
+    reps: int,
+    seconds: float,
+    log: Callable[[str], None],
+    warm: float = 0.0,
+    verbose: bool = False,
+) -> None:
+    """Warm every case up (unless each run reads ``warm`` seconds first), then ``reps`` rounds
+    over all cases (interleaved)."""
+    for case in cases if not warm else ():
         case.run(max(0.05, seconds / 4))
     # What exists now lives to the end: frozen, a collection before each run costs microseconds
     # instead of ~0.2 s with TensorFlow loaded.
@@ -543,6 +563,8 @@ def measure(cases: list[Case], reps: int, seconds: float, log: Callable[[str], N
                 with busy_thread(case.busy):
                     rows, secs = case.run(seconds)
                 case.samples.append(rows / secs if secs > 0 else 0.0)
+                if verbose:
+                    log(f"    {case.shape} {case.name} T={case.threads}: {case.samples[-1]:,.0f}")
             log(f"  rep {rep + 1}/{reps} done ({anon_gib():.1f} GiB anonymous memory)")
     finally:
         gc.unfreeze()
@@ -559,10 +581,19 @@ def thread_sweep(cores: int) -> list[int]:
 
 
 def reader_cases(
-    level: str, data: Data, wanted: set[str], sweep: list[int], busy_all: bool, tf: Any
+    level: str,
+    data: Data,
+    wanted: set[str],
+    sweep: list[int],
+    busy_all: bool,
+    tf: Any,
+    warm: float = 0.0,
+    warm_fixed: float | None = None,
 ) -> list[Case]:
     """The cases of the feed or tf.data level for one shape: arrayfeed over every storage at
-    every thread count (and the default), then the baselines."""
+    every thread count (and the default), then the baselines. Runs with the default threads
+    read ``warm`` seconds before they are timed, those with fixed threads ``warm_fixed``
+    (default: ``warm``)."""
     cases: list[Case] = []
 
     def add(
@@ -602,10 +633,11 @@ def reader_cases(
         name = label(STORAGES[key]) + (" +busy" if busy else "")
         for threads in [*sweep, None]:
             info: dict[str, Any] = {"storage": key}
+            before = warm if threads is None or warm_fixed is None else warm_fixed
             if level == "feed":
-                run = feed_run(make_feed(key, threads), info)
+                run = feed_run(make_feed(key, threads), info, before)
             else:
-                run = from_arrays_run(make_dataset(key, threads))
+                run = from_arrays_run(make_dataset(key, threads), before)
             add(name, "arrayfeed", threads, busy, run, info)  # the feed adds its thread count
     if level == "feed" and "gather" in wanted:
         (xm, ym), (xr, yr) = data.memmap(), data.ram()
@@ -1132,6 +1164,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--levels", default=",".join(LEVELS), help="subset of: feed, tfdata, fit")
     parser.add_argument("--shapes", default="S,L", help="subset of: S, L")
     parser.add_argument(
+        "--threads",
+        help="comma-separated fixed thread counts to sweep (default: 1, 2, 4, ... up to the cores)",
+    )
+    parser.add_argument(
         "--busy-thread",
         action="store_true",
         help="run every feed and tf.data measurement beside a thread spinning in Python",
@@ -1141,7 +1177,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="keep (and reuse) the data here instead of a temporary directory removed at the end",
     )
+    parser.add_argument(
+        "--warm",
+        type=float,
+        default=0.0,
+        help="seconds each feed and tf.data run reads before it is timed (the default's tuned "
+        "threads settle there; 0: timed from the start, as a short job sees it)",
+    )
+    parser.add_argument(
+        "--warm-fixed",
+        type=float,
+        help="the same for runs with a fixed thread count, which have nothing to settle "
+        "(default: --warm)",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--verbose", action="store_true", help="log every run's rows/s")
     # Development knobs, not part of the interface.
     parser.add_argument("--rows-scale", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--fit-backend", default="jax", help=argparse.SUPPRESS)
@@ -1183,7 +1233,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.perf_counter() - begin:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     cores = os.cpu_count() or 1
-    sweep = thread_sweep(cores)
+    sweep = (
+        [int(t) for t in args.threads.split(",") if t.strip()]
+        if args.threads
+        else thread_sweep(cores)
+    )
     fit_possible = args.fit_backend != "jax" or args.fit_without_gpu or jax_gpu() is not None
     if "fit" in args.levels and fit_possible and importlib.util.find_spec(args.fit_backend):
         # Keras fixes its backend when first imported, and importing TensorFlow imports it.
@@ -1217,9 +1271,18 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 else:
                     data.page_cache()
-                    cases = reader_cases(level, data, args.cases, sweep, args.busy_thread, tf)
+                    cases = reader_cases(
+                        level,
+                        data,
+                        args.cases,
+                        sweep,
+                        args.busy_thread,
+                        tf,
+                        args.warm,
+                        args.warm_fixed,
+                    )
                 log(f"{shape.name} {level}: {len(cases)} cases x {args.reps} reps")
-                measure(cases, args.reps, args.seconds, log)
+                measure(cases, args.reps, args.seconds, log, args.warm, args.verbose)
                 for case in cases:
                     case.run = _spent  # drop datasets, feeds and their buffers
                 all_cases.extend(cases)
@@ -1233,7 +1296,10 @@ def main(argv: list[str] | None = None) -> None:
     info = machine(tf)
     print(
         f"\narrayfeed scaling: batch {BATCH}, drop_remainder, page-cached; {args.reps} interleaved "
-        f"reps of {args.seconds:g} s; threads {sweep} + default"
+        f"reps of {args.seconds:g} s"
+        + (f" after {args.warm:g} s of reading" if args.warm else "")
+        + (f" ({args.warm_fixed:g} s with fixed threads)" if args.warm_fixed is not None else "")
+        + f"; threads {sweep} + default"
         + ("; every case beside a busy Python thread" if args.busy_thread else "")
     )
     for name, s in shape_info.items():
@@ -1241,6 +1307,15 @@ def main(argv: list[str] | None = None) -> None:
     for level in args.levels:
         if any(c.level == level for c in all_cases):
             print(table(level, all_cases, sweep))
+    tuned = [c for c in all_cases if c.info.get("tuned_threads")]
+    if tuned:
+        print("\ndefault threads, as tuned (each timed run), and the settings tried in the last")
+        for c in tuned:
+            name = f"{c.level} {c.shape} {c.name}"
+            print(
+                f"  {name:52} {c.info['tuned_threads']} after {c.info['settled_after']} s: "
+                f"{c.info['history'][-1]}"
+            )
     for line in skipped:
         print(f"\n{line}")
     found = targets(all_cases, cores)
@@ -1256,6 +1331,8 @@ def main(argv: list[str] | None = None) -> None:
                 "rows_scale": args.rows_scale,
                 "seconds": args.seconds,
                 "reps": args.reps,
+                "warm": args.warm,
+                "warm_fixed": args.warm if args.warm_fixed is None else args.warm_fixed,
                 "threads": sweep,
                 "busy_thread": args.busy_thread,
                 "shapes": shape_info,

@@ -148,6 +148,31 @@ def test_groups_of_cheap_reads_are_larger_when_few_threads_read_ahead(
         assert chunked.group_steps == 4
 
 
+@pytest.mark.parametrize(
+    ("cores", "memory_gib", "cap"), [(2, 24, 4), (4, 24, 4), (16, 128, 19), (16, 4, 4)]
+)
+def test_tuned_threads_may_read_ahead_more_on_many_cores(
+    monkeypatch: pytest.MonkeyPatch, cores: int, memory_gib: int, cap: int
+) -> None:
+    # Groups of 17 batches of 3 MiB (51 MiB: a fifth of the 256 MiB read ahead by default). On
+    # 16 cores tuning may read 1 GiB ahead (64 MiB per core): 19 groups and the one requested;
+    # not with 4 GiB of memory (a sixteenth of it, 256 MiB, is less).
+    monkeypatch.setattr("arrayfeed._pipeline.feed.usable_cores", lambda: cores)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.physical_memory", lambda: memory_gib << 30)
+    rows = np.zeros((40_000, 12_288), np.uint8)  # untouched zero pages
+    _, treedef = flatten(rows, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=len(rows), batch_size=256)
+    tuned = Feed([ArraySource(rows)], treedef, plan)
+    assert tuned.group_steps == 17
+    assert tuned.tuner.cap == cap
+    fixed = Feed([ArraySource(rows)], treedef, plan, num_threads=4)
+    assert (fixed.group_steps, fixed.tuner.cap) == (17, 4)
+    # Groups of other reads are 16 MiB at most (here 15 MiB), and the 256 MiB read ahead on any
+    # machine holds 16 of them and the one requested.
+    mapped = Feed([ArraySource(rows)], treedef, plan, map_batch=lambda b: b)
+    assert (mapped.group_steps, mapped.tuner.cap) == (5, 16)
+
+
 def test_the_buffer_pool_keeps_every_group_in_flight_at_any_thread_count() -> None:
     # 16 threads reading ahead 17 groups of 15 MiB, and those TensorFlow holds: more than the
     # pool's 256 MiB floor, so the pool grows with them (a fresh 15 MiB buffer page-faults).

@@ -126,6 +126,43 @@ def test_a_pause_between_passes_is_not_counted() -> None:
     assert before.keys() <= rates.keys()
 
 
+@pytest.mark.parametrize("epoch_rows", [2_000, 4_000, 8_000, 16_000])
+def test_short_epochs_that_start_slow_are_measured_as_they_read(epoch_rows: int) -> None:
+    """Epochs of 50-400 ms (as many rows at every setting) whose first group takes 0.1 s at any
+    setting (a pass starts with no reads in flight): a window holds one pass start or two, a
+    share of its time that differs from window to window and grows with the threads. The climb
+    must still see 8 threads deliver more than 4 or 6 (with windows that ended mid-pass it
+    settled at 4, 6, 6 and 8)."""
+    tuner, clock = new_tuner(start=4)
+    rate = lambda r: 1e4 * min(r, 8)  # noqa: E731
+    while clock[0] < 10:
+        tuner.pass_started()
+        clock[0] += 0.1
+        rows = 0
+        while rows < epoch_rows:
+            interval = GROUP_SECONDS / tuner.threads
+            clock[0] += interval
+            tuner.delivered(n := round(rate(tuner.threads) * interval))
+            rows += n
+    report = tuner.report()
+    assert report.settled and report.threads == 8, tuner.history
+    # Clock seconds, pass starts included: at 8 threads they are half to two thirds of it.
+    assert report.settled_after is not None and report.settled_after <= 10
+
+
+def test_passes_of_one_group_are_measured_and_settle() -> None:
+    """Every pass one group, read in 50 ms at any setting (a small validation set): windows
+    hold whole passes, and more threads, which deliver nothing more, are not kept."""
+    tuner, clock = new_tuner(start=4)
+    while clock[0] < 10:
+        tuner.pass_started()
+        clock[0] += 0.05
+        tuner.delivered(1000)
+    report = tuner.report()
+    assert report.settled and report.threads == 1, tuner.history
+    assert all(v == pytest.approx(20_000) for v in report.rates.values()), report.rates
+
+
 def test_fixed_never_moves() -> None:
     clock = [0.0]
     tuner = Tuner(5, 64, fixed=True, clock=lambda: clock[0])

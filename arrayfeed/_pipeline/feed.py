@@ -59,8 +59,15 @@ GROUP_BYTES = 16 << 20
 MAX_GROUP_BYTES = 64 << 20
 #: Bytes of groups read ahead (``num_threads + 1`` groups) that groups of cheap reads are sized to
 #: fill, within :data:`GROUP_BYTES` and :data:`MAX_GROUP_BYTES`: fewer threads, larger groups.
-#: Tuning adds reader threads only while their groups fit in these bytes (beyond the default).
+#: Tuning adds reader threads only while their groups fit in these bytes (beyond the default), or
+#: in :func:`tuned_read_ahead` on many cores.
 READ_AHEAD_BYTES = 256 << 20
+#: Bytes of groups of cheap reads (see :data:`MAX_GROUP_BYTES`) that tuned threads may read ahead,
+#: per usable core, when that comes to more than :data:`READ_AHEAD_BYTES`: on 16 cores
+#: memory-bound reads peak at 8-16 threads, and 256 MiB holds 4 of their 51 MiB groups
+#: (docs/performance.md, "Tuning reader threads"). At most a sixteenth of the machine's memory.
+#: Other groups are 16 MiB or less, and 256 MiB holds 15 of them already.
+TUNED_READ_AHEAD_PER_CORE = 64 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
 #: Most seconds of ``map_batch`` work per group: a group is mapped batch after batch in one
@@ -94,6 +101,23 @@ READ_THREADS = 4
 #: Most reader threads by default when ``map_batch`` runs in them: the mapping is the user's own
 #: work per batch, often far more than the read, and spreads over more cores.
 MAP_THREADS = 8
+
+
+def physical_memory() -> int | None:
+    """Bytes of memory the machine has, or None where that cannot be asked."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf on this platform
+        return None
+
+
+def tuned_read_ahead() -> int:
+    """Bytes of groups tuned threads may read ahead (see :data:`TUNED_READ_AHEAD_PER_CORE`)."""
+    per_cores = TUNED_READ_AHEAD_PER_CORE * usable_cores()
+    memory = physical_memory()
+    if memory is not None:
+        per_cores = min(per_cores, memory // 16)
+    return max(READ_AHEAD_BYTES, per_cores)
 
 
 def default_num_threads(mapped: bool = False) -> int:
@@ -158,9 +182,15 @@ class Feed:
         self._window_pool = self._new_window_pool()
         self._remote = self._new_remote()
 
+    @property
+    def _cheap_reads(self) -> bool:
+        """Whether every leaf gathers its rows itself and no ``map_batch`` runs: groups are
+        then sized by the bytes read ahead (see :data:`MAX_GROUP_BYTES`)."""
+        return self.map_batch is None and all(isinstance(s, GatherInto) for s in self.sources)
+
     def _group_bytes(self) -> int:
         """Target bytes per group (see :data:`MAX_GROUP_BYTES`)."""
-        if self.map_batch is not None or not all(isinstance(s, GatherInto) for s in self.sources):
+        if not self._cheap_reads:
             return GROUP_BYTES
         # Tuned threads may climb: groups are sized so that READ_THREADS of them fit too.
         threads = self.num_threads if self.threads_fixed else max(self.num_threads, READ_THREADS)
@@ -169,13 +199,15 @@ class Feed:
 
     def _new_tuner(self) -> Tuner:
         """Reader threads: ``num_threads`` when fixed; else tuned from the default, up to as
-        many as :data:`READ_AHEAD_BYTES` holds the groups of (with the one requested ahead; at
-        most the ladder's top)."""
+        many as the bytes read ahead hold the groups of (with the one requested ahead; at most
+        the ladder's top): :data:`READ_AHEAD_BYTES`, or :func:`tuned_read_ahead` for cheap reads,
+        whose groups are sized for few threads."""
         start = self.num_threads
         if self.threads_fixed:
             return Tuner(start, start, fixed=True)
         group = self.group_steps * self.plan.batch_size * self._row_bytes
-        fits = READ_AHEAD_BYTES // max(1, group) - 1
+        ahead = tuned_read_ahead() if self._cheap_reads else READ_AHEAD_BYTES
+        fits = ahead // max(1, group) - 1
         return Tuner(start, max(start, min(LADDER[-1], fits)))
 
     @property

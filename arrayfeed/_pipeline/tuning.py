@@ -42,13 +42,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["DRIFT", "GAIN", "LADDER", "LEAP", "TIE", "WINDOW_SECONDS", "Tuner", "Tuning"]
+__all__ = [
+    "DRIFT",
+    "GAIN",
+    "LADDER",
+    "LEAP",
+    "TIE",
+    "WINDOW_SECONDS",
+    "WINDOW_SECONDS_MAX",
+    "Tuner",
+    "Tuning",
+]
 
 #: Settings tried, in order (those up to a feed's cap).
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Seconds of delivery each measurement covers (and at least :data:`WINDOW_GROUPS` groups).
 WINDOW_SECONDS = 0.3
 WINDOW_GROUPS = 2
+#: A window that holds a pass start ends with that pass (see :meth:`Tuner.pass_started`), or after
+#: this many seconds when the pass goes on.
+WINDOW_SECONDS_MAX = 1.2
 #: A step up is kept when it delivers this many times the best rate so far.
 GAIN = 1.10
 #: A step up that delivers this many times the best rate so far is followed by a leap of two
@@ -116,10 +129,16 @@ class Tuner:
         self._leapt = False  # the last step up was a leap of two rungs
         self._filling = False  # measuring the rung that leap skipped
         self._drifting = 0
+        # The window being measured: since when (pauses between passes left out), since when by
+        # the clock, rows and groups delivered in it, pass starts in it, and whether it has
+        # lasted long enough and ends with the pass.
         self._window_start: float | None = None
-        self._skip = 0  # groups still to pass uncounted after a move
+        self._opened = 0.0
         self._rows = 0
         self._groups = 0
+        self._starts = 0
+        self._due = False
+        self._skip = 0  # groups still to pass uncounted after a move
         self._why = "fixed by num_threads" if fixed else "measuring the starting setting"
         self._first: float | None = None  # when the first group was delivered
         self._last: float | None = None  # when the latest was
@@ -133,11 +152,25 @@ class Tuner:
         return self.ladder[self._at]
 
     def pass_started(self) -> None:
-        """A pass starts: if the consumer paused since the last group (between epochs, for
-        validation), the current window restarts, so that the pause is not counted as reading."""
+        """A pass starts (an epoch, or a validation run). The time since the last group (the
+        consumer between passes, or paused) is not counted. A window that has lasted long
+        enough, with a pass start in it, ends here: on short epochs windows hold whole passes,
+        each with its start (no reads in flight yet, so its first group takes one read's time
+        at any setting); ending them mid-pass gave each window a different share of starts,
+        which hid what the settings delivered."""
+        if self.fixed:
+            return
         with self._lock:
-            if self._last is not None and self._clock() - self._last > WINDOW_SECONDS:
-                self._window_start = None
+            now = self._clock()
+            if self._window_start is not None and self._due and self._last is not None:
+                self._close(self._last)
+            self._skip = 0  # the groups of the pass before, asked for before a move, are done
+            if self._window_start is None:
+                self._open(now)
+            elif self._last is not None:
+                self._window_start += now - self._last
+            if self._phase != "warm-up":  # (the first window is not counted anyway)
+                self._starts += 1
 
     def delivered(self, rows: int) -> None:
         """Count a group of ``rows`` handed to the consumer; may change :attr:`threads`."""
@@ -151,16 +184,28 @@ class Tuner:
                 self._skip -= 1
                 return
             if self._window_start is None:  # the window starts at its first delivery
-                self._window_start, self._rows, self._groups = now, 0, 0
+                self._open(now)
                 return
             self._rows += rows
             self._groups += 1
-            elapsed = now - self._window_start
-            if elapsed < WINDOW_SECONDS or self._groups < WINDOW_GROUPS:
+            if self._groups < WINDOW_GROUPS or now - self._window_start < WINDOW_SECONDS:
                 return
-            rate = self._rows / elapsed
-            self._window_start, self._rows, self._groups = now, 0, 0
-            self._decide(rate)  # a new setting's window starts at its first group
+            if self._starts and now - self._opened < WINDOW_SECONDS_MAX:
+                self._due = True  # to end with this pass (see pass_started)
+                return
+            self._close(now)
+
+    def _open(self, now: float) -> None:
+        self._window_start = self._opened = now
+        self._rows, self._groups, self._starts, self._due = 0, 0, 0, False
+
+    def _close(self, now: float) -> None:
+        assert self._window_start is not None
+        rate = self._rows / max(now - self._window_start, 1e-9)
+        self._window_start = None
+        self._decide(rate)
+        if self._window_start is None and not self._skip:  # no move: the next window starts now
+            self._open(now)
 
     def report(self) -> Tuning:
         with self._lock:
