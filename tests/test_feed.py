@@ -173,6 +173,22 @@ def test_tuned_threads_may_read_ahead_more_on_many_cores(
     assert (mapped.group_steps, mapped.tuner.cap) == (5, 16)
 
 
+def test_the_tuner_knows_how_many_groups_a_block_shuffle_decodes_ahead(tmp_path: Path) -> None:
+    # After a move, the tuner leaves out the groups of the window decoded ahead (6 here).
+    rows = np.arange(6000 * 64, dtype=np.uint8).reshape(6000, 64)
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=rows, chunks=(100, 64), compression="gzip")
+    with h5py.File(path, "r") as f:
+        block = af.batches(f["x"], batch_size=50, shuffle="block", seed=0, processes=0)._feed
+        plan = block.plan
+        window, group = plan.block_rows * plan.window_blocks, block.group_steps * plan.batch_size
+        assert window > group and block.tuner.ahead == -(-window // group)
+        full = af.batches(f["x"], batch_size=50, seed=0, processes=0)._feed
+        assert full.tuner.ahead == 0
+    assert af.batches(rows, batch_size=50, shuffle="block", seed=0)._feed.tuner.ahead == 0
+
+
 def test_the_buffer_pool_keeps_every_group_in_flight_at_any_thread_count() -> None:
     # 16 threads reading ahead 17 groups of 15 MiB, and those TensorFlow holds: more than the
     # pool's 256 MiB floor, so the pool grows with them (a fresh 15 MiB buffer page-faults).

@@ -78,6 +78,40 @@ def test_the_loader_gives_the_stream_of_reader_threads(
     assert there.position == here.position
 
 
+@pytest.mark.parametrize("threads", [64, 100])
+def test_a_loader_reading_many_groups_at_once_gets_all_its_slots(
+    files: dict[str, Any], threads: int
+) -> None:
+    # 64 threads need 65 slots and those held: more descriptors than one message carries (the
+    # loader's feed once hung up on a message of 69, and the training process saw it as lost).
+    x, y = files["npy"]
+    here = af.batches(x, y, batch_size=8, seed=1, processes=0)
+    there = af.batches(x, y, batch_size=8, seed=1, processes=1, num_threads=threads)
+    _same(_epochs(there, 2), _epochs(here, 2))
+
+
+def test_a_message_carries_at_most_max_fds_descriptors() -> None:
+    import socket
+
+    from arrayfeed._pipeline.loader.wire import MAX_FDS, Channel, EpochEnded
+
+    a, b = socket.socketpair()
+    with a, b:
+        sender, receiver = Channel(a), Channel(b)
+        fds = [os.dup(0) for _ in range(MAX_FDS + 1)]
+        try:
+            with pytest.raises(ValueError, match=f"at most {MAX_FDS}"):
+                sender.send(EpochEnded(1), fds)
+            sender.send(EpochEnded(2), fds[:MAX_FDS])
+            message, got = receiver.recv()
+            assert message == EpochEnded(2) and len(got) == MAX_FDS
+            for fd in got:
+                os.close(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
 def test_map_batch_defined_in_a_script_runs_in_the_loader(files: dict[str, Any]) -> None:
     scale = 3
 

@@ -24,6 +24,10 @@ climbing a ladder of settings and measuring what reaches the consumer:
 4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
+After a move, the groups asked for at the setting before (and those of a window decoded ahead,
+``ahead``) are not counted; a window in which a pass starts ends with that pass (see
+:meth:`Tuner.pass_started`), and the time between passes is not counted.
+
 The rate is measured where batches are consumed, so it counts everything in the way (reads,
 decoding, ``map_batch``, the loader's hand-over, the consumer itself). A setting of ``n`` threads
 means what ``num_threads=n`` means: ``n`` groups read at once and one more requested. A tuner
@@ -61,7 +65,7 @@ WINDOW_SECONDS = 0.3
 WINDOW_GROUPS = 2
 #: A window that holds a pass start ends with that pass (see :meth:`Tuner.pass_started`), or after
 #: this many seconds when the pass goes on.
-WINDOW_SECONDS_MAX = 1.2
+WINDOW_SECONDS_MAX = 0.6
 #: A step up is kept when it delivers this many times the best rate so far.
 GAIN = 1.10
 #: A step up that delivers this many times the best rate so far is followed by a leap of two
@@ -104,7 +108,10 @@ class Tuning:
 
 
 class Tuner:
-    """Reader threads, tuned online (see the module docstring); ``fixed`` holds them."""
+    """Reader threads, tuned online (see the module docstring); ``fixed`` holds them.
+    ``ahead``: groups whose data the reading may have prepared beyond the groups in flight (the
+    next window of a block shuffle, decoded ahead); after a move they are not counted either,
+    as they came at the setting before it."""
 
     def __init__(
         self,
@@ -112,10 +119,12 @@ class Tuner:
         cap: int,
         *,
         fixed: bool = False,
+        ahead: int = 0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.cap = max(1, cap)
         self.fixed = fixed
+        self.ahead = ahead
         self.ladder = sorted(
             {s for s in LADDER if s <= self.cap} | {min(start, self.cap), self.cap}
         )
@@ -228,7 +237,7 @@ class Tuner:
         else:
             self._climb(rate, here)
         if self.threads != here:  # a new setting: the groups in flight were asked for before it
-            self._window_start, self._skip = None, here + 1
+            self._window_start, self._skip = None, here + 1 + self.ahead
 
     def _climb(self, rate: float, here: int) -> None:
         self._rates[here] = rate

@@ -21,6 +21,7 @@ from ..._errors import LoaderError
 from .processes import LoaderProcess, loaders
 from .slots import Slots, area_bytes
 from .wire import (
+    MAX_FDS,
     AddSlots,
     Channel,
     EndEpoch,
@@ -110,10 +111,11 @@ class RemoteFeed:
         self._links[:] = links
 
     def _send_slots(self, link: _Link, slots: Sequence[int], retire: tuple[int, ...] = ()) -> None:
-        # Slots are numbered consecutively from their first, so each run goes in one message.
+        # Slots are numbered consecutively from their first, so each run goes in one message (of
+        # at most MAX_FDS descriptors: a loader reading 64 groups at once has 65 slots and more).
         runs: list[list[int]] = []
         for slot in slots:
-            if runs and runs[-1][-1] + 1 == slot:
+            if runs and runs[-1][-1] + 1 == slot and len(runs[-1]) < MAX_FDS:
                 runs[-1].append(slot)
             else:
                 runs.append([slot])

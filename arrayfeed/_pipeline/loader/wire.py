@@ -22,6 +22,7 @@ from typing import Any
 from ..._errors import LoaderError
 
 __all__ = [
+    "MAX_FDS",
     "AddSlots",
     "Channel",
     "Descriptor",
@@ -42,7 +43,8 @@ __all__ = [
 Descriptor = tuple[int, tuple[int, ...], str]
 
 _HEADER = struct.Struct("<QI")  # payload bytes, descriptors sent with it
-_MAX_FDS = 64
+#: Most descriptors sent with one message (what a receiver makes room for).
+MAX_FDS = 64
 
 
 # -- training process -> loader ------------------------------------------------------------------
@@ -200,6 +202,8 @@ class Channel:
         return self.sock.fileno()
 
     def send(self, message: Any, fds: Sequence[int] = ()) -> None:
+        if len(fds) > MAX_FDS:
+            raise ValueError(f"{len(fds)} descriptors with one message; at most {MAX_FDS}")
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         head = _HEADER.pack(len(payload), len(fds))
         with self._sending:
@@ -226,7 +230,7 @@ class Channel:
 
     def _exact_with_fds(self, n: int) -> tuple[bytes, list[int]]:
         fds: list[int] = []
-        space = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+        space = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
         data, ancillary, _flags, _ = self.sock.recvmsg(n, space)
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
