@@ -11,7 +11,7 @@ batches in the graph (``Batches`` into NumPy views), which amortises the per-ele
 yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
 Groups are read ahead by reader threads (NumPy gathers release the GIL), in order
-(:class:`EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says (and one more
+(:class:`~.readers.EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says (and one more
 requested): tuned while reading unless ``num_threads`` fixes it. With ``processes=N`` those
 threads run in N loader processes instead, each reading the groups given to it into shared
 memory (:mod:`.loader`): the epochs, their order and their bytes are the same, only where the
@@ -40,12 +40,12 @@ from .loader.client import RemoteFeed
 from .mapbatch import Contract, LeafSpec, probe
 from .plan import Plan, check_position
 from .read import Allocator, BufferPool, read_rows
-from .readers import ReaderThreads
+from .readers import EpochPass
 from .resident import Resident, resident_sources
 from .structure import Treedef
 from .tuning import LADDER, Tuner, Tuning
 
-__all__ = ["EpochPass", "Feed", "default_num_threads", "usable_cores"]
+__all__ = ["Feed", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
 #: is whole batches, so usually a little less). Big, because every ``from_generator`` element has
@@ -213,7 +213,7 @@ class Feed:
     @property
     def _groups_decoded_ahead(self) -> int:
         """Groups in the window of a block shuffle that is decoded ahead (see
-        :meth:`EpochPass.submit`): after the tuner moves, they still come at the speed of the
+        :meth:`~.readers.EpochPass.submit`): after the tuner moves, they still come at the speed of the
         setting before (a step down to one thread measured 1.9x what one thread reads, for
         chunked gzip HDF5 with windows of ~6 groups)."""
         if not self.plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
@@ -228,7 +228,7 @@ class Feed:
 
     @property
     def pool_threads(self) -> int:
-        """Threads of an :class:`EpochPass`: the most reader threads the tuner may ask for (the
+        """Threads of an :class:`~.readers.EpochPass`: the most reader threads the tuner may ask for (the
         group requested ahead waits in its queue)."""
         return self.tuner.cap
 
@@ -450,9 +450,13 @@ class Feed:
         """Row indices of steps ``[first, stop)`` of ``epoch``, from ``blocks`` when given."""
         if blocks is not None:
             return blocks.get(first, stop)
-        # Recycled: beside TensorFlow a fresh array this size is a new, page-faulting mmap.
-        out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
+        out = self.index_buffer(self.plan.index_count(first, stop))
         return self.plan.indices(epoch, first, stop, out=out)
+
+    def index_buffer(self, n: int) -> np.ndarray:
+        """Room for ``n`` row indices, recycled: beside TensorFlow a fresh array of a group's
+        indices is a new, page-faulting mmap."""
+        return self.pool.empty((n,), _INDEX)
 
     def _wait_seconds(self) -> float:
         """Seconds a reader thread waits per batch on the leaves read from storage for every
@@ -484,54 +488,3 @@ class Feed:
         leaves = read_rows(self.sources, np.arange(start, start + rows, dtype=np.int64))
         batch = self.in_treedef.unflatten(leaves)
         return probe(self.map_batch, batch, rows, self.plan.batch_size)
-
-
-class EpochPass:
-    """One pass over ``epoch`` from ``start_step`` on: groups read by the feed's reader threads,
-    each into memory of the caller's choice, with the feed's reading ahead (the next block of
-    indices, the next window of a block shuffle). Groups are submitted in order."""
-
-    def __init__(self, feed: Feed, epoch: int, start_step: int = 0) -> None:
-        self.feed, self.epoch = feed, epoch
-        self.readers = feed.readers(epoch)
-        self.indices = EpochIndices(
-            feed.plan, epoch, start_step, feed.group_steps, lambda n: feed.pool.empty((n,), _INDEX)
-        )
-        self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
-        self._warmed: set[int] = set()
-        # Threads are started as reads are submitted, up to the most the tuner may ask for.
-        self._pool = ReaderThreads(feed.tuner.threads, feed.pool_threads)
-
-    @property
-    def threads(self) -> int:
-        """How many of its tasks run at once (the tuner's setting; tasks beyond it wait)."""
-        return self._pool.limit
-
-    @threads.setter
-    def threads(self, value: int) -> None:
-        self._pool.limit = value
-
-    def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
-        """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
-        feed = self.feed
-        future = self._pool.submit(
-            feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
-        )
-        block = self.indices.block_of(first)
-        if self.indices.starts[block] == first:  # compute the next block while this is read
-            self._pool.submit(self.indices.prepare, block + 1)
-        if self._caches:  # read the next window while groups are served from this one
-            last = min(stop * feed.plan.batch_size, feed.plan.rows_per_epoch) - 1
-            ahead = self._caches[0].order.window_at(last) + 1
-            if ahead not in self._warmed:
-                self._warmed.add(ahead)
-                # With one thread, decoding the next window would hold back this one's groups:
-                # it is only announced (object storage starts fetching it).
-                read = self.threads > 1
-                for cache in self._caches:
-                    self._pool.submit(cache.prefetch_window, ahead, read)
-        return future
-
-    def close(self) -> None:
-        """Drop what was not started; wait for what was."""
-        self._pool.shutdown()

@@ -1,7 +1,8 @@
-"""Reader threads whose number may change while they read: a first-in, first-out executor.
+"""Reader threads whose number may change while they read (a first-in, first-out executor), and
+one pass over an epoch read by them (:class:`EpochPass`).
 
-An :class:`~.feed.EpochPass` reads its groups in these threads, as many at once as the tuner
-says (:mod:`.tuning`). ``concurrent.futures.ThreadPoolExecutor`` cannot change its number of
+An :class:`EpochPass` reads its groups in these threads, as many at once as the tuner says
+(:mod:`.tuning`). ``concurrent.futures.ThreadPoolExecutor`` cannot change its number of
 workers, and holding its extra workers back at a gate costs a thread switch per group: the
 worker that finished a read goes to sleep and a waiting one must be woken and must win the GIL
 back from the consumer (docs/performance.md, "Reader threads that change in number"). Here a
@@ -17,9 +18,16 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ReaderThreads"]
+from .blocks import WindowCache
+from .indexblocks import EpochIndices
+
+if TYPE_CHECKING:
+    from .feed import Feed
+    from .read import Allocator
+
+__all__ = ["EpochPass", "ReaderThreads"]
 
 
 class ReaderThreads:
@@ -105,3 +113,54 @@ class ReaderThreads:
             with cond:  # then take the next task in this thread, if it may run
                 self._running -= 1
                 self._idle += 1
+
+
+class EpochPass:
+    """One pass over ``epoch`` from ``start_step`` on: groups read by the feed's reader threads,
+    each into memory of the caller's choice, with the feed's reading ahead (the next block of
+    indices, the next window of a block shuffle). Groups are submitted in order."""
+
+    def __init__(self, feed: Feed, epoch: int, start_step: int = 0) -> None:
+        self.feed, self.epoch = feed, epoch
+        self.readers = feed.readers(epoch)
+        self.indices = EpochIndices(
+            feed.plan, epoch, start_step, feed.group_steps, feed.index_buffer
+        )
+        self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
+        self._warmed: set[int] = set()
+        # Threads are started as reads are submitted, up to the most the tuner may ask for.
+        self._pool = ReaderThreads(feed.tuner.threads, feed.pool_threads)
+
+    @property
+    def threads(self) -> int:
+        """How many of its tasks run at once (the tuner's setting; tasks beyond it wait)."""
+        return self._pool.limit
+
+    @threads.setter
+    def threads(self, value: int) -> None:
+        self._pool.limit = value
+
+    def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
+        """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
+        feed = self.feed
+        future = self._pool.submit(
+            feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
+        )
+        block = self.indices.block_of(first)
+        if self.indices.starts[block] == first:  # compute the next block while this is read
+            self._pool.submit(self.indices.prepare, block + 1)
+        if self._caches:  # read the next window while groups are served from this one
+            last = min(stop * feed.plan.batch_size, feed.plan.rows_per_epoch) - 1
+            ahead = self._caches[0].order.window_at(last) + 1
+            if ahead not in self._warmed:
+                self._warmed.add(ahead)
+                # With one thread, decoding the next window would hold back this one's groups:
+                # it is only announced (object storage starts fetching it).
+                read = self.threads > 1
+                for cache in self._caches:
+                    self._pool.submit(cache.prefetch_window, ahead, read)
+        return future
+
+    def close(self) -> None:
+        """Drop what was not started; wait for what was."""
+        self._pool.shutdown()

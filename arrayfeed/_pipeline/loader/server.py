@@ -3,7 +3,7 @@
 Started by :class:`~.client.LoaderProcess` as a new interpreter (``python -c``, never a fork: the
 training process may hold TensorFlow's threads and locks, and a script's ``__main__`` is never
 run again here). It serves every feed the training process registers, each with its own reader
-threads, exactly as that process would read them itself (:class:`~..feed.EpochPass`); only the
+threads, exactly as that process would read them itself (:class:`~..readers.EpochPass`); only the
 memory differs: each group is written into the slot the training process names.
 
 It runs at a lower scheduling priority than the training process, and dies with it: ``PR_SET_PDEATHSIG`` on Linux, and everywhere a closed
@@ -116,7 +116,7 @@ class FeedServer:
                 self.slots.pop(slot, None)
 
     def _start(self, message: StartEpoch) -> None:
-        from ..feed import EpochPass
+        from ..readers import EpochPass
 
         state = _Pass(None)
         try:
