@@ -35,6 +35,14 @@ random bytes would make HDF5 skip its filters and time no decompression at all.
     python benchmarks/bench_scaling.py                # full sizes (~8 min on 2 cores)
     python benchmarks/bench_scaling.py --quick        # a tenth of the rows (~2 min)
     python benchmarks/bench_scaling.py --cases npy,h5lzf,gather --levels feed --json out.json
+
+The default threads are tuned while reading: timed from a cold start (``--warm 0``) the figure
+shows what a short job sees; ``--warm 4 --warm-fixed 1`` reads 4 s (1 s with fixed threads)
+before each timed run, so that the default is timed once tuned (``--verbose`` logs every run,
+which is what comes back from a run cut short by a time limit):
+
+    python benchmarks/bench_scaling.py --levels feed --reps 1 --seconds 1 --warm 4 --warm-fixed 1 \
+        --cases npy,ram,h5,h5lzf,h5gzip,zarr,zarrconv,h5conv,busy --verbose
 """
 
 from __future__ import annotations

@@ -95,3 +95,45 @@ def test_the_hand_off_count_runs_end_to_end(tmp_path: Path) -> None:
         assert set(row) == {"quiet", "busy 5 ms", "busy 1 ms", "hand-offs"}
         assert all(value >= 0 for value in row.values()) and row["quiet"] > 0
     assert not any(scratch.iterdir())  # the data went with its temporary directory
+
+
+def test_warm_runs_time_the_tuned_default_and_report_its_choice(tmp_path: Path) -> None:
+    out = tmp_path / "warm.json"
+    done = run_benchmark(
+        "bench_scaling.py",
+        [
+            "--cases",
+            "npy",
+            "--levels",
+            "feed",
+            "--shapes",
+            "S",
+            "--rows-scale",
+            "0.01",
+            "--seconds",
+            "0.05",
+            "--warm",
+            "0.4",
+            "--warm-fixed",
+            "0.05",
+            "--threads",
+            "1,2",
+            "--reps",
+            "1",
+            "--verbose",
+            "--json",
+            str(out),
+        ],
+        tmp_path / "tmp",
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["config"]["threads"] == [1, 2]
+    assert (report["config"]["warm"], report["config"]["warm_fixed"]) == (0.4, 0.05)
+    default = next(f for f in report["figures"] if f["threads"] == "default")
+    # One timed run (no untimed warm-up pass when runs warm themselves): the tuner's choice of it.
+    assert len(default["tuned_threads"]) == len(default["history"]) == 1
+    assert default["history"][0][-1] == default["tuned_threads"][0]
+    assert "S .npy path (full) T=default:" in done.stderr  # --verbose: every run's rows/s
+    assert "default threads, as tuned" in done.stdout
