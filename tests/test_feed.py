@@ -173,7 +173,9 @@ def test_tuned_threads_may_read_ahead_more_on_many_cores(
     assert (mapped.group_steps, mapped.tuner.cap) == (5, 16)
 
 
-def test_the_tuner_knows_how_many_groups_a_block_shuffle_decodes_ahead(tmp_path: Path) -> None:
+def test_the_tuner_knows_how_many_groups_a_block_shuffle_decodes_ahead(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # After a move, the tuner leaves out the groups of the window decoded ahead (6 here).
     rows = np.arange(6000 * 64, dtype=np.uint8).reshape(6000, 64)
     path = tmp_path / "rows.h5"
@@ -186,6 +188,12 @@ def test_the_tuner_knows_how_many_groups_a_block_shuffle_decodes_ahead(tmp_path:
         assert window > group and block.tuner.ahead == -(-window // group)
         full = af.batches(f["x"], batch_size=50, seed=0, processes=0)._feed
         assert full.tuner.ahead == 0
+        # Groups of one batch (a slow map_batch, say): no more than the groups in flight at the
+        # cap, or a move would leave out whole passes.
+        monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
+        tiny = af.batches(f["x"], batch_size=50, shuffle="block", seed=0, processes=0)._feed
+        assert tiny.group_steps == 1 and plan.block_rows * plan.window_blocks // 50 > 100
+        assert tiny.tuner.ahead == tiny.tuner.cap + 1
     assert af.batches(rows, batch_size=50, shuffle="block", seed=0)._feed.tuner.ahead == 0
 
 

@@ -185,6 +185,54 @@ def test_groups_decoded_ahead_are_not_counted_after_a_move() -> None:
     assert all(v == pytest.approx(1e4 * curve[k], rel=0.05) for k, v in report.rates.items())
 
 
+def record_windows(tuner: Tuner) -> list[float]:
+    """Every rate the tuner measures from now on (settled or not)."""
+    measured: list[float] = []
+    decide = tuner._decide
+
+    def record(value: float) -> None:
+        measured.append(value)
+        decide(value)
+
+    tuner._decide = record  # type: ignore[method-assign]
+    return measured
+
+
+def test_two_pass_starts_after_a_pause_leave_it_out_once() -> None:
+    """Two passes start after a 5 s pause before either delivers (two iterators, or a retried
+    pass): the pause is left out once, not twice (which put the window's start in the future
+    and measured 17x the rate)."""
+    tuner, clock = new_tuner(start=4, cap=4)
+    measured = record_windows(tuner)
+    rate = lambda r: 1e4  # noqa: E731  (every setting alike: only the measurement is tested)
+    drive(tuner, rate, 3, clock)
+    for _ in range(5):
+        clock[0] += 5
+        tuner.pass_started()
+        clock[0] += 0.01
+        tuner.pass_started()
+        drive(tuner, rate, 2, clock)
+    assert len(measured) >= 30  # a window start put in the future closed none for seconds
+    assert all(v == pytest.approx(1e4, rel=0.1) for v in measured), measured
+
+
+def test_windows_end_with_passes_that_follow_a_pause() -> None:
+    """Passes of 0.4 s (the first group 0.1 s of it) with 1 s between them: every window holds
+    whole passes, so every setting, delivering alike, measures alike (windows that ended mid-pass
+    after a pause measured 1.0 or 0.75 of it, by where they ended)."""
+    tuner, clock = new_tuner(start=4, cap=8)
+    measured = record_windows(tuner)
+    while clock[0] < 40:
+        tuner.pass_started()
+        for _ in range(7):
+            clock[0] += 0.1 if _ == 0 else 0.05  # the first group waits for a read
+            tuner.delivered(500)
+        clock[0] += 1.0
+    # The first window (warm-up) ends mid-pass, and the one after it starts there.
+    assert len(measured) > 10
+    assert all(v == pytest.approx(3500 / 0.4, rel=0.02) for v in measured[2:]), measured
+
+
 def test_fixed_never_moves() -> None:
     clock = [0.0]
     tuner = Tuner(5, 64, fixed=True, clock=lambda: clock[0])

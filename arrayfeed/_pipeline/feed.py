@@ -208,7 +208,10 @@ class Feed:
         group = self.group_steps * self.plan.batch_size * self._row_bytes
         ahead = tuned_read_ahead() if self._cheap_reads else READ_AHEAD_BYTES
         fits = ahead // max(1, group) - 1
-        return Tuner(start, max(start, min(LADDER[-1], fits)), ahead=self._groups_decoded_ahead)
+        cap = max(start, min(LADDER[-1], fits))
+        # Groups of a window decoded ahead: at most as many as are in flight at the cap (tiny
+        # groups, of a slow map_batch say, would otherwise skip whole passes after a move).
+        return Tuner(start, cap, ahead=min(self._groups_decoded_ahead, cap + 1))
 
     @property
     def _groups_decoded_ahead(self) -> int:

@@ -143,6 +143,7 @@ class Tuner:
         # lasted long enough and ends with the pass.
         self._window_start: float | None = None
         self._opened = 0.0
+        self._mark = 0.0  # the window's opening or last pass start: pauses are counted from it
         self._rows = 0
         self._groups = 0
         self._starts = 0
@@ -176,8 +177,11 @@ class Tuner:
             self._skip = 0  # the groups of the pass before, asked for before a move, are done
             if self._window_start is None:
                 self._open(now)
-            elif self._last is not None:
-                self._window_start += now - self._last
+            elif self._last is not None:  # the pause since the last group, or pass start
+                pause = max(0.0, now - max(self._last, self._mark))
+                self._window_start += pause
+                self._opened += pause
+            self._mark = now
             if self._phase != "warm-up":  # (the first window is not counted anyway)
                 self._starts += 1
 
@@ -205,7 +209,7 @@ class Tuner:
             self._close(now)
 
     def _open(self, now: float) -> None:
-        self._window_start = self._opened = now
+        self._window_start = self._opened = self._mark = now
         self._rows, self._groups, self._starts, self._due = 0, 0, 0, False
 
     def _close(self, now: float) -> None:
