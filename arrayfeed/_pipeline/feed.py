@@ -11,8 +11,8 @@ batches in the graph (``Batches`` into NumPy views), which amortises the per-ele
 yielded one at a time, with no group axis (see :attr:`Feed.stacked`).
 
 Groups are read ahead by reader threads (NumPy gathers release the GIL), in order
-(:class:`~.readers.EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says (and one more
-requested): tuned while reading unless ``num_threads`` fixes it. With ``processes=N`` those
+(:class:`~.readers.EpochPass`), as many at once as the feed's :class:`~.tuning.Tuner` says (and
+one more requested): tuned while reading unless ``num_threads`` fixes it. With ``processes=N`` those
 threads run in N loader processes instead, each reading the groups given to it into shared
 memory (:mod:`.loader`): the epochs, their order and their bytes are the same, only where the
 reading happens differs.
@@ -216,13 +216,12 @@ class Feed:
     @property
     def _groups_decoded_ahead(self) -> int:
         """Groups in the window of a block shuffle that is decoded ahead (see
-        :meth:`~.readers.EpochPass.submit`): after the tuner moves, they still come at the speed of the
-        setting before (a step down to one thread measured 1.9x what one thread reads, for
-        chunked gzip HDF5 with windows of ~6 groups)."""
+        :meth:`~.readers.EpochPass.submit`): after the tuner moves, they still come at the speed
+        of the setting before (a step down to one thread measured 1.9x what one thread reads,
+        for chunked gzip HDF5 with windows of ~6 groups)."""
         if not self.plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
             return 0
-        plan = self.plan
-        return -(-plan.block_rows * plan.window_blocks // (self.group_steps * plan.batch_size))
+        return -(-self.plan.window_rows // (self.group_steps * self.plan.batch_size))
 
     @property
     def _row_bytes(self) -> int:
@@ -231,8 +230,8 @@ class Feed:
 
     @property
     def pool_threads(self) -> int:
-        """Threads of an :class:`~.readers.EpochPass`: the most reader threads the tuner may ask for (the
-        group requested ahead waits in its queue)."""
+        """Threads of an :class:`~.readers.EpochPass`: the most reader threads the tuner may ask
+        for (the group requested ahead waits in its queue)."""
         return self.tuner.cap
 
     @property
@@ -293,16 +292,15 @@ class Feed:
             return BufferPool(capacity=0)
         chunked = [s for s in self.readable if chunked_rows(s)]
         windows = self._cache_windows  # windows still read after eviction get new buffers
-        per_window = self.plan.block_rows * self.plan.window_blocks * row_bytes(chunked)
+        per_window = self.plan.window_rows * row_bytes(chunked)
         return BufferPool(capacity=windows * len(chunked), max_bytes=windows * per_window)
 
     @property
     def _cache_windows(self) -> int:
         """Windows a cache holds: those the groups in flight draw from, and two more."""
         plan = self.plan
-        window_rows = plan.block_rows * plan.window_blocks
         in_flight_rows = (self.tuner.cap + 1) * self.group_steps * plan.batch_size
-        return 2 + -(-in_flight_rows // window_rows)
+        return 2 + -(-in_flight_rows // plan.window_rows)
 
     def readers(self, epoch: int) -> list[Source]:
         """What ``epoch`` reads each leaf through: small chunked leaves from memory

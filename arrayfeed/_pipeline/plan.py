@@ -93,6 +93,11 @@ class Plan:
         return shard_bounds(self.n_rows, self.shard)
 
     @property
+    def window_rows(self) -> int:
+        """Rows of one window of a ``"block"`` shuffle (its blocks, read together)."""
+        return self.block_rows * self.window_blocks
+
+    @property
     def rows_per_epoch(self) -> int:
         """Rows every worker uses per epoch (before `drop_remainder`)."""
         return self.n_rows // self.shard.count
