@@ -98,7 +98,7 @@ def feed_for(
     x: Any, y: Any, batch_size: int, shuffle: bool | str, seed: int, num_threads: int | None
 ) -> Feed:
     """A :class:`Feed` over ``(x, y)`` built the way ``from_arrays`` builds it (no sharding,
-    ``drop_remainder=True``); ``feed.epoch(e)`` yields groups of batches as NumPy arrays.
+    ``drop_remainder=True``); ``feed()`` yields the next epoch's groups of batches as NumPy arrays.
 
     The only place that reaches into arrayfeed's internals: swap it for a public NumPy-batches
     API when there is one.
@@ -428,8 +428,10 @@ def feed_run(make: Callable[[], Feed], info: dict[str, Any], warm: float = 0.0) 
         info["resolved_threads"] = feed.num_threads
 
         def new_epoch() -> Iterator[Any]:
+            # Called as tf.data calls it, so that a short epoch reads the next one ahead.
+            feed.seek(state["epoch"])
             state["epoch"] += 1
-            return feed.epoch(state["epoch"] - 1)
+            return feed()
 
         if warm > 0:
             drain(new_epoch, warm, numpy_rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import arrayfeed as af
 from arrayfeed._pipeline import blocks
 from arrayfeed._pipeline.blocks import WindowCache
 from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.resume import feeds_of
 from arrayfeed._pipeline.shuffles import BlockOrder
 
 
@@ -138,6 +140,13 @@ def test_a_full_cache_evicts_its_earliest_window() -> None:
     assert [lo // 10 for lo, _ in src.reads] == [block_of[w] for w in [0, 1, 2, 3, 0]]
 
 
+@pytest.fixture
+def one_epoch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reads counted per epoch: no epoch's first windows read ahead while the one before ends
+    (test_reading_ahead_reads_every_block_once_per_epoch counts those too)."""
+    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+
+
 @pytest.mark.parametrize("threads, batch", [(2, 32), (4, 8), (3, 50)])
 def test_reading_ahead_reads_every_block_once_per_epoch(
     threads: int, batch: int, monkeypatch: pytest.MonkeyPatch
@@ -151,12 +160,29 @@ def test_reading_ahead_reads_every_block_once_per_epoch(
     )  # groups of two batches
     n = 64 * 40 + 17
     src = CountingChunked(np.arange(n), 64)
+    blocks = -(-n // 64)
+    # A short epoch reads the next one's first windows ahead (counted below): not here.
+    with monkeypatch.context() as m:
+        m.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+        ds = af.from_arrays(src, batch_size=batch, shuffle="block", seed=3, num_threads=threads)
+        for _ in range(2):
+            src.reads.clear()
+            rows = np.concatenate([b.numpy() for b in ds])
+            assert sorted(rows.tolist()) == list(range(n))
+            assert len(src.reads) == len(set(src.reads)) == blocks
+    # With it: every block once per epoch, and some once more, read ahead for the third.
     ds = af.from_arrays(src, batch_size=batch, shuffle="block", seed=3, num_threads=threads)
+    src.reads.clear()  # (the first batch, timed when the dataset was built)
     for _ in range(2):
-        src.reads.clear()
         rows = np.concatenate([b.numpy() for b in ds])
         assert sorted(rows.tolist()) == list(range(n))
-        assert len(src.reads) == len(set(src.reads)) == -(-n // 64)
+    held = feeds_of(ds)[0].ahead.held
+    assert held is not None and held.epoch == 2
+    held.close()  # (its reads done)
+    counts = Counter(src.reads)
+    assert len(counts) == blocks and set(counts.values()) <= {2, 3}
+    ahead = sum(c == 3 for c in counts.values())
+    assert 0 < ahead <= feeds_of(ds)[0]._cache_windows * 3  # windows of three blocks
 
 
 class Fetching(CountingChunked):
@@ -305,7 +331,7 @@ def test_a_thread_waiting_on_a_failed_read_reads_the_block_itself() -> None:
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_block_shuffle_reads_every_block_once_per_epoch(
-    count: int, monkeypatch: pytest.MonkeyPatch
+    count: int, monkeypatch: pytest.MonkeyPatch, one_epoch_at_a_time: None
 ) -> None:
     monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
     n, chunk = 1003, 50
@@ -327,7 +353,7 @@ def test_block_shuffle_reads_every_block_once_per_epoch(
     assert len(np.unique(np.concatenate(per_worker))) == count * (n // count)
 
 
-def test_small_chunks_are_read_in_blocks_of_several_chunks() -> None:
+def test_small_chunks_are_read_in_blocks_of_several_chunks(one_epoch_at_a_time: None) -> None:
     n = 2_000_000  # int64 rows in chunks of 1000 (8 KB): blocks of 525 chunks (>= 4 MiB)
     src = CountingChunked(np.arange(n), 1000)
     ds = af.from_arrays(src, batch_size=10_000, shuffle="block", seed=0)

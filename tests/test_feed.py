@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import h5py
@@ -85,7 +86,7 @@ def test_group_indices_go_into_recycled_buffers() -> None:
 
 
 def test_abandoned_epoch_shuts_its_threads_down() -> None:
-    assert _reader_threads() == 0
+    _wait_for_no_reader_threads()  # (those of passes read ahead by tests before end on their own)
     for _ in range(20):
         it = _feed(n=5000, batch=8)()
         next(it)
@@ -217,7 +218,9 @@ def test_map_batch_may_add_drop_and_change_leaves() -> None:
     assert [s.dtype for s in feed.specs] == [np.dtype("float64"), np.dtype("bool")]
 
 
-def test_map_batch_is_called_once_per_batch_with_whole_batches() -> None:
+def test_map_batch_is_called_once_per_batch_with_whole_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sizes: list[int] = []
     lock = threading.Lock()
 
@@ -226,10 +229,14 @@ def test_map_batch_is_called_once_per_batch_with_whole_batches() -> None:
             sizes.append(len(b["a"]))
         return b
 
+    # (A short pass maps the next epoch's first batches too, read ahead: not here.)
+    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
     feed = _feed(n=50, batch=8, map_batch=fn)
     sizes.clear()  # drop the probe call
-    list(feed())
-    assert sorted(sizes) == sorted([8] * 6 + [2])
+    for _ in range(2):
+        list(feed())
+        assert sorted(sizes) == sorted([8] * 6 + [2])
+        sizes.clear()
 
 
 @pytest.mark.parametrize(
@@ -308,3 +315,92 @@ def test_a_slow_map_batch_is_mapped_batch_by_batch_on_every_thread(
     monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_MAP_SECONDS", 60.0)  # any map is cheap
     cheap = Feed(sources, treedef, plan, map_batch=lambda b: b + 1, num_threads=3)
     assert cheap.group_steps > 12  # groups sized by bytes, several batches each
+
+
+def _record_reads(feed: Feed) -> list[tuple[int, int]]:
+    """``(epoch, first_step)`` of every group the feed reads from now on."""
+    reads: list[tuple[int, int]] = []
+    lock, read = threading.Lock(), feed.read_group
+
+    def recorded(epoch: int, first: int, stop: int, *args: object, **kwargs: object) -> object:
+        with lock:
+            reads.append((epoch, first))
+        return read(epoch, first, stop, *args, **kwargs)  # type: ignore[arg-type]
+
+    feed.read_group = recorded  # type: ignore[method-assign]
+    return reads
+
+
+def _ids(batches: list[dict[str, np.ndarray]]) -> np.ndarray:
+    return np.concatenate([b["a"] for b in batches])
+
+
+def _wait_for_no_reader_threads(seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while _reader_threads() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _reader_threads() == 0
+
+
+def test_a_short_pass_reads_the_next_epochs_first_groups_as_it_ends() -> None:
+    """Every pass starts with nothing in flight; a short one reads the next epoch's first groups
+    while its last are taken. The stream is the same, and no group is read twice."""
+    feed = _feed(n=500, batch=8, num_threads=2)
+    feed.group_steps = 4  # 63 steps (the last of 4 rows): 17 groups
+    reads = _record_reads(feed)
+    plan = feed.plan
+    for epoch in range(3):
+        np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(epoch, 0, plan.steps))
+        after = feed.ahead.held
+        assert after is not None and (after.epoch, after.start_step) == (epoch + 1, 0)
+        assert 1 <= len(after.pending) <= 3  # as many as in flight: 2 threads and one more
+        steps, first = after.pending[0]
+        assert steps == 4
+        np.testing.assert_array_equal(
+            first.result(timeout=10)["a"].ravel(), plan.indices(epoch + 1, 0, 4)
+        )
+    _wait_for_no_reader_threads()  # the threads end once the groups read ahead are read
+    assert sorted(reads) == sorted(set(reads))  # each group once: those read ahead were taken
+    epochs = {e for e, _ in reads}
+    assert epochs == {0, 1, 2, 3}
+    assert {f for e, f in reads if e < 3} == {*range(0, 62, 4), 62}  # (62: 4 rows)
+    assert {f for e, f in reads if e == 3} <= {0, 4, 8}
+
+
+def test_a_pass_read_ahead_is_dropped_when_the_feed_moves() -> None:
+    feed = _feed(n=500, batch=8, num_threads=2)
+    feed.group_steps = 4
+    plan = feed.plan
+    _batches(feed)
+    assert feed.ahead.held is not None and feed.ahead.held.epoch == 1
+    feed.seek(5, 6)  # not the epoch read ahead: it is dropped, and 5 is read from step 6
+    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(5, 6, plan.steps))
+    assert feed.ahead.held is not None and feed.ahead.held.epoch == 6
+    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(6, 0, plan.steps))
+
+
+def test_a_long_pass_reads_no_epoch_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passes longer than FOLLOW_SECONDS end with their threads, holding nothing."""
+    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+    feed = _feed(n=500, batch=8, num_threads=2)
+    feed.group_steps = 4
+    reads = _record_reads(feed)
+    for epoch in range(2):
+        np.testing.assert_array_equal(
+            _ids(_batches(feed)), feed.plan.indices(epoch, 0, feed.plan.steps)
+        )
+        assert feed.ahead.held is None
+        assert _reader_threads() == 0  # ended with the pass, not later
+    assert {e for e, _ in reads} == {0, 1} and len(reads) == 2 * 17
+
+
+def test_an_epoch_cut_short_drops_the_pass_read_ahead() -> None:
+    feed = _feed(n=500, batch=8, num_threads=2)
+    feed.group_steps = 4
+    it = feed()
+    groups = [next(it) for _ in range(16)]  # every group: the next epoch is read ahead now
+    assert len(groups) == 16
+    it.close()  # but the epoch was not finished (no StopIteration)
+    assert feed.ahead.held is None
+    assert _reader_threads() == 0
+    np.testing.assert_array_equal(_ids(_batches(feed)), feed.plan.indices(1, 0, feed.plan.steps))

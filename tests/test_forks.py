@@ -78,6 +78,9 @@ def test_a_child_forked_while_every_lock_is_held_reads_its_epochs(tmp_path: Path
     ]
     for b in streams:  # epoch 0 here: pools, readers, file descriptors and windows exist
         assert sorted(i for _, yb in b for i in yb.tolist()) == list(range(n))
+        # and epoch 1's first groups, read ahead by threads the child does not have: it reads
+        # epoch 1 itself, the parent takes what was read ahead (the same batches).
+        assert b._feed.ahead.held is not None and b._feed.ahead.held.epoch == 1
     assert (
         isinstance(streams[0]._feed.readable[1], Resident) and streams[0]._feed.readable[1].loaded
     )

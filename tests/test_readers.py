@@ -114,3 +114,23 @@ def test_errors_reach_the_future_and_shutdown_cancels_what_waits() -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("test-readers")]
     with pytest.raises(RuntimeError, match="shut down"):
         pool.submit(time.sleep, 0)
+
+
+def test_parked_threads_end_when_idle_and_start_again() -> None:
+    """Parked threads finish what was submitted, then end (a pass read ahead after the last
+    epoch leaves no threads behind); a later submit starts them again, in order."""
+    rec, pool = Recorder(), ReaderThreads(2, most=4, name="test-readers-park")
+    futures = [pool.submit(rec.task, i, 0.02) for i in range(6)]
+    pool.park()
+    assert [f.result(timeout=10) for f in futures] == [i * i for i in range(6)]
+    deadline = time.monotonic() + 10
+    while pool.alive and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert pool.alive == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-readers-park")]
+    more = [pool.submit(rec.task, i, 0.01) for i in range(6, 10)]
+    assert [f.result(timeout=10) for f in more] == [i * i for i in range(6, 10)]
+    assert pool.alive > 0  # not parked any more: idle threads wait for work
+    pool.shutdown()
+    assert rec.started == list(range(10)) and rec.most == 2
+    assert pool.alive == 0

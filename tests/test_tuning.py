@@ -301,3 +301,36 @@ def test_settles_near_the_best_on_a_noisy_curve(
 
 def test_the_ladder_is_increasing() -> None:
     assert list(LADDER) == sorted(set(LADDER)) and LADDER[0] == 1
+
+
+def test_groups_read_ahead_during_a_pause_between_passes_are_not_counted() -> None:
+    """Short passes (4 groups, a group every 25 ms) read the next pass's first 3 groups while
+    they end. Passes that follow at once count them (they came at the pace of the reads); after
+    a pause (a validation run) they were read while nothing was measured and come at once:
+    counted (told of no groups carried), every window measures 4x the rate."""
+    for pause, carried, told, expected in (
+        (0.0, 3, 3, 4e4),
+        (1.0, 3, 3, 4e4),
+        (1.0, 0, 0, 4e4),
+        (1.0, 3, 0, 16e4),  # what the tuner would see, not told
+    ):
+        tuner, clock = new_tuner(start=4, cap=4)
+        measured = record_windows(tuner)
+        while len(measured) < 6 and clock[0] < 600:  # (a window that never closes: fails below)
+            tuner.pass_started(carried=told)
+            for i in range(4):
+                clock[0] += 0.0 if pause and i < carried else 0.025
+                tuner.delivered(1000)
+            clock[0] += pause
+        assert len(measured) == 6
+        assert all(v == pytest.approx(expected, rel=0.02) for v in measured[1:]), (pause, measured)
+
+
+def test_groups_carried_into_a_pass_are_skipped_after_a_move_only_as_asked_for_before_it() -> None:
+    tuner, clock = new_tuner(start=2, cap=8)
+    tuner._skip = 5  # a move asked for 5 groups at the setting before it
+    clock[0] += 0.001
+    tuner.pass_started(carried=2)  # 2 of them were read ahead for this pass
+    assert tuner._skip == 2
+    tuner.pass_started()  # a pass with none carried: nothing asked for before it is left
+    assert tuner._skip == 0

@@ -23,9 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -40,7 +38,7 @@ from .loader.client import RemoteFeed
 from .mapbatch import Contract, LeafSpec, probe
 from .plan import Plan, check_position
 from .read import Allocator, BufferPool, read_rows
-from .readers import EpochPass
+from .readers import PassAhead, read_pass
 from .resident import Resident, resident_sources
 from .structure import Treedef
 from .tuning import LADDER, Tuner, Tuning
@@ -156,6 +154,8 @@ class Feed:
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._next = (0, 0)  # where the next call starts (:meth:`seek` moves it)
+        #: The pass over the next epoch that a short pass read ahead (:func:`~.readers.read_pass`).
+        self.ahead = PassAhead()
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
         self.seed_drawn = False
         #: What every ``map_batch`` result must be like, learned from its first (:mod:`.mapbatch`).
@@ -358,7 +358,7 @@ class Feed:
         state = self.__dict__.copy()
         # Locks cannot be pickled, and buffers are not worth it: the copy gets its own (and a
         # tuner of its own: a loader reads as many groups at once as it is asked for).
-        del state["_lock"], state["pool"], state["_window_pool"], state["tuner"]
+        del state["_lock"], state["pool"], state["_window_pool"], state["tuner"], state["ahead"]
         state.pop("_remote", None)  # absent while the link itself is being made
         return state
 
@@ -366,6 +366,7 @@ class Feed:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
+        self.ahead = PassAhead()
         self.tuner = self._new_tuner()
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
@@ -394,24 +395,9 @@ class Feed:
 
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
         """Groups of ``epoch`` from ``start_step`` on, read ahead by the reader threads, in
-        order, as many at once as the tuner says and one more requested."""
-        todo = deque(self.groups(start_step))
-        tuner, batch = self.tuner, self.plan.batch_size
-        tuner.pass_started()
-        reading = EpochPass(self, epoch, start_step)
-        pending: deque[tuple[int, Future[Any]]] = deque()
-        try:
-            while todo or pending:
-                reading.threads = threads = tuner.threads
-                while todo and len(pending) <= threads:
-                    first, stop = todo.popleft()
-                    pending.append((stop - first, reading.submit(first, stop)))
-                steps, future = pending.popleft()
-                group = future.result()
-                tuner.delivered(steps * batch)
-                yield group
-        finally:
-            reading.close()
+        order, as many at once as the tuner says and one more requested (a short pass also the
+        next epoch's first groups: :func:`~.readers.read_pass`)."""
+        return read_pass(self, epoch, start_step)
 
     # -- reading --------------------------------------------------------------------------------
     def read_group(

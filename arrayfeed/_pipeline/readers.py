@@ -9,17 +9,26 @@ back from the consumer (docs/performance.md, "Reader threads that change in numb
 worker that finishes a task takes the next one itself while fewer than
 :attr:`ReaderThreads.limit` run, the way a fixed executor's workers do; only a raised limit
 wakes an idle one. Tasks start in the order they were submitted, so groups are read in order,
-whatever the limit.
+whatever the limit. Threads that :meth:`ReaderThreads.park` lets go end once no task is
+left, and start again if more are submitted.
+
+A pass over a short epoch may be followed by the next one while it ends (:meth:`EpochPass.follow`):
+the next epoch's first groups are read in the same threads while the last of this one are
+consumed, as tf.data's ``repeat().prefetch()`` reads across epochs, instead of every epoch
+starting with nothing in flight (docs/performance.md, "Short epochs").
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from .._forks import renew_after_fork
 from .blocks import WindowCache
 from .indexblocks import EpochIndices
 
@@ -27,7 +36,15 @@ if TYPE_CHECKING:
     from .feed import Feed
     from .read import Allocator
 
-__all__ = ["EpochPass", "ReaderThreads"]
+__all__ = ["FOLLOW_SECONDS", "EpochPass", "PassAhead", "ReaderThreads", "read_pass"]
+
+#: A pass that has read for less than this many seconds when its last group is requested reads
+#: the first groups of the next epoch too (as many as are in flight), while its own last groups
+#: are taken: every pass starts with nothing in flight, and on short epochs (1,000,000 rows of
+#: 132 B are one every 33 ms on 16 cores) waiting for the first group was a large share of each
+#: (docs/performance.md, "Short epochs"). Beyond this, that share is under about 1 %, and the
+#: groups read ahead would be memory held after the last epoch.
+FOLLOW_SECONDS = 2.0
 
 
 class ReaderThreads:
@@ -45,6 +62,7 @@ class ReaderThreads:
         self._running = 0
         self._idle = 0
         self._closed = False
+        self._parked = False
 
     @property
     def limit(self) -> int:
@@ -65,6 +83,7 @@ class ReaderThreads:
             if self._closed:
                 raise RuntimeError("arrayfeed: reader threads used after they were shut down")
             self._tasks.append((future, fn, args))
+            self._parked = False
             self._start_if_needed()
             self._cond.notify()
         return future
@@ -76,9 +95,23 @@ class ReaderThreads:
             while self._tasks:
                 self._tasks.popleft()[0].cancel()
             self._cond.notify_all()
-        for thread in self._threads:
+            threads = list(self._threads)
+        for thread in threads:
             if thread is not threading.current_thread():
                 thread.join()
+
+    def park(self) -> None:
+        """Let the threads end once no task is left (what was submitted still runs, and a
+        later :meth:`submit` starts threads again); they are not waited for."""
+        with self._cond:
+            self._parked = True
+            self._cond.notify_all()
+
+    @property
+    def alive(self) -> int:
+        """Threads started and not ended."""
+        with self._cond:
+            return len(self._threads)
 
     def _start_if_needed(self) -> None:  # holding the lock
         runnable = min(len(self._tasks), self._limit - self._running)
@@ -94,9 +127,16 @@ class ReaderThreads:
         cond = self._cond
         while True:
             with cond:
-                cond.wait_for(lambda: self._closed or (self._tasks and self._running < self._limit))
-                if not self._tasks:  # closed, nothing left
+                cond.wait_for(
+                    lambda: (
+                        self._closed
+                        or (self._parked and not self._tasks)
+                        or (self._tasks and self._running < self._limit)
+                    )
+                )
+                if not self._tasks:  # closed or parked, nothing left
                     self._idle -= 1
+                    self._threads.remove(threading.current_thread())
                     return
                 future, fn, args = self._tasks.popleft()
                 self._idle -= 1
@@ -116,20 +156,30 @@ class ReaderThreads:
 
 
 class EpochPass:
-    """One pass over ``epoch`` from ``start_step`` on: groups read by the feed's reader threads,
-    each into memory of the caller's choice, with the feed's reading ahead (the next block of
-    indices, the next window of a block shuffle). Groups are submitted in order."""
+    """One pass over ``epoch`` from ``start_step`` on: groups read by reader threads (its own, or
+    those of the pass it follows), each into memory of the caller's choice, with the feed's
+    reading ahead (the next block of indices, the next window of a block shuffle). Groups are
+    submitted in order; :meth:`fill` submits them in turn into :attr:`pending`."""
 
-    def __init__(self, feed: Feed, epoch: int, start_step: int = 0) -> None:
-        self.feed, self.epoch = feed, epoch
+    def __init__(
+        self, feed: Feed, epoch: int, start_step: int = 0, threads: ReaderThreads | None = None
+    ) -> None:
+        self.feed, self.epoch, self.start_step = feed, epoch, start_step
         self.readers = feed.readers(epoch)
         self.indices = EpochIndices(
             feed.plan, epoch, start_step, feed.group_steps, feed.index_buffer
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
+        #: ``(first, stop)`` of the groups not submitted yet, and ``(steps, future)`` of those
+        #: submitted and not taken, in order.
+        self.todo: deque[tuple[int, int]] = deque(feed.groups(start_step))
+        self.pending: deque[tuple[int, Future[Any]]] = deque()
+        self.pid = os.getpid()
         # Threads are started as reads are submitted, up to the most the tuner may ask for.
-        self._pool = ReaderThreads(feed.tuner.threads, feed.pool_threads)
+        if threads is None:
+            threads = ReaderThreads(feed.tuner.threads, feed.pool_threads)
+        self._pool = threads
 
     @property
     def threads(self) -> int:
@@ -139,6 +189,17 @@ class EpochPass:
     @threads.setter
     def threads(self, value: int) -> None:
         self._pool.limit = value
+
+    def fill(self, room: int) -> None:
+        """Submit the next groups, in order, while fewer than ``room`` are pending."""
+        while self.todo and len(self.pending) < room:
+            first, stop = self.todo.popleft()
+            self.pending.append((stop - first, self.submit(first, stop)))
+
+    def follow(self) -> EpochPass:
+        """The pass over the next epoch from its start, read by these threads: its groups may
+        be submitted while this pass's last groups are still being taken."""
+        return EpochPass(self.feed, self.epoch + 1, 0, self._pool)
 
     def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
         """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
@@ -162,5 +223,87 @@ class EpochPass:
         return future
 
     def close(self) -> None:
-        """Drop what was not started; wait for what was."""
+        """Drop what was not started; wait for what was (of every pass these threads read)."""
         self._pool.shutdown()
+
+    def park(self) -> None:
+        """Let the threads end once what was submitted has been read (a following pass that
+        submits more starts them again)."""
+        self._pool.park()
+
+
+class PassAhead:
+    """The pass over the next epoch that a short pass read ahead, kept for the call that takes
+    that epoch (a feed has one)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
+        self._pass: EpochPass | None = None
+
+    @property
+    def held(self) -> EpochPass | None:
+        """The pass kept, if any."""
+        return self._pass
+
+    def keep(self, after: EpochPass) -> None:
+        """Keep ``after`` (dropping one kept before: another iterator's, never taken)."""
+        with self._lock:
+            dropped, self._pass = self._pass, after
+        if dropped is not None:
+            dropped.close()
+
+    def take(self, epoch: int, start_step: int) -> EpochPass | None:
+        """The pass kept for ``epoch`` from ``start_step``, if that is the one kept; another is
+        dropped (the feed was moved by ``seek``, or another iterator took that epoch)."""
+        with self._lock:
+            after, self._pass = self._pass, None
+        if after is None or after.pid != os.getpid():  # a forked child has none of its threads
+            return None
+        if (after.epoch, after.start_step) == (epoch, start_step):
+            return after
+        after.close()
+        return None
+
+
+def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
+    """The groups of ``epoch`` from ``start_step`` on, read ahead by reader threads, in order,
+    as many at once as the feed's tuner says and one more requested.
+
+    A pass that has read for less than :data:`FOLLOW_SECONDS` when its last group is submitted,
+    and whose feed takes the next epoch from its start next, reads that epoch's first groups
+    too, within the same groups in flight; it ends holding them in ``feed.ahead`` (its threads
+    end once they are read), and the pass over that epoch starts from them. A pass cut short
+    drops them."""
+    tuner, batch = feed.tuner, feed.plan.batch_size
+    reading = feed.ahead.take(epoch, start_step)
+    tuner.pass_started(carried=len(reading.pending) if reading is not None else 0)
+    if reading is None:
+        reading = EpochPass(feed, epoch, start_step)
+    began, after, kept = time.perf_counter(), None, None
+    try:
+        while reading.todo or reading.pending:
+            reading.threads = threads = tuner.threads
+            reading.fill(threads + 1)
+            if after is None and not reading.todo and _follows(feed, epoch, began):
+                after = reading.follow()
+            if after is not None:  # within the same groups in flight
+                after.fill(threads + 1 - len(reading.pending))
+            steps, future = reading.pending.popleft()
+            group = future.result()
+            tuner.delivered(steps * batch)
+            yield group
+        kept, after = after, None
+    finally:
+        if after is not None or kept is None:  # cut short, or nothing read ahead
+            reading.close()  # (the pass read ahead shares the threads: it ends too)
+    if kept is not None:
+        reading.park()  # the threads end once the next epoch's first groups are read
+        feed.ahead.keep(kept)
+
+
+def _follows(feed: Feed, epoch: int, began: float) -> bool:
+    """Whether the pass over ``epoch`` that began at ``began`` reads the next one ahead: when it
+    is short, and the next call of the feed takes that epoch from its start."""
+    short = time.perf_counter() - began < FOLLOW_SECONDS
+    return short and feed.next_position == (epoch + 1, 0)

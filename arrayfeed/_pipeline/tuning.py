@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = [
+    "CARRIED_PAUSE",
     "DRIFT",
     "GAIN",
     "LADDER",
@@ -66,6 +67,9 @@ WINDOW_GROUPS = 2
 #: A window that holds a pass start ends with that pass (see :meth:`Tuner.pass_started`), or after
 #: this many seconds when the pass goes on.
 WINDOW_SECONDS_MAX = 0.6
+#: Seconds between passes beyond which groups read ahead across them are not counted (see
+#: :meth:`Tuner.pass_started`): a tenth of a window.
+CARRIED_PAUSE = WINDOW_SECONDS / 10
 #: A step up is kept when it delivers this many times the best rate so far.
 GAIN = 1.10
 #: A step up that delivers this many times the best rate so far is followed by a leap of two
@@ -161,24 +165,33 @@ class Tuner:
         """Groups to read at once now (and one more to request ahead)."""
         return self.ladder[self._at]
 
-    def pass_started(self) -> None:
+    def pass_started(self, carried: int = 0) -> None:
         """A pass starts (an epoch, or a validation run). The time since the last group (the
         consumer between passes, or paused) is not counted. A window that has lasted long
         enough, with a pass start in it, ends here: on short epochs windows hold whole passes,
         each with its start (no reads in flight yet, so its first group takes one read's time
         at any setting); ending them mid-pass gave each window a different share of starts,
-        which hid what the settings delivered."""
+        which hid what the settings delivered.
+
+        ``carried``: groups of this pass already asked for, read ahead while the pass before
+        ended (see :meth:`~.feed.Feed.epoch`). After a pause longer than :data:`CARRIED_PAUSE`
+        they are not counted (read while nothing was measured, they come at once), nor, after a
+        move, those asked for before it."""
         if self.fixed:
             return
         with self._lock:
             now = self._clock()
             if self._window_start is not None and self._due and self._last is not None:
                 self._close(self._last)
-            self._skip = 0  # the groups of the pass before, asked for before a move, are done
+            pause = 0.0 if self._last is None else max(0.0, now - max(self._last, self._mark))
+            # The groups of the pass before, asked for before a move, are done; those carried
+            # into this one were asked for with them.
+            self._skip = min(self._skip, carried)
+            if carried and pause > CARRIED_PAUSE:
+                self._skip = carried
             if self._window_start is None:
                 self._open(now)
             elif self._last is not None:  # the pause since the last group, or pass start
-                pause = max(0.0, now - max(self._last, self._mark))
                 self._window_start += pause
                 self._opened += pause
             self._mark = now
@@ -190,11 +203,16 @@ class Tuner:
         if self.fixed:
             return
         with self._lock:  # groups of concurrent passes may be delivered by several threads
-            now = self._last = self._clock()
+            now, before = self._clock(), self._last
+            self._last = now
             if self._first is None:
                 self._first = now
-            if self._skip:  # requested at the setting before the move
+            if self._skip:  # requested at the setting before a move, or read during a pause
                 self._skip -= 1
+                if self._window_start is not None and before is not None:  # nor its time
+                    gap = max(0.0, now - max(before, self._mark))
+                    self._window_start += gap
+                    self._opened += gap
                 return
             if self._window_start is None:  # the window starts at its first delivery
                 self._open(now)
