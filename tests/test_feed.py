@@ -352,6 +352,9 @@ def test_a_short_pass_reads_the_next_epochs_first_groups_as_it_ends() -> None:
     for epoch in range(3):
         np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(epoch, 0, plan.steps))
         after = feed.ahead.held
+        if epoch == 0:  # the first pass reads none ahead: how long an epoch takes is not known
+            assert after is None
+            continue
         assert after is not None and (after.epoch, after.start_step) == (epoch + 1, 0)
         assert 1 <= len(after.pending) <= 3  # as many as in flight: 2 threads and one more
         steps, first = after.pending[0]
@@ -363,6 +366,7 @@ def test_a_short_pass_reads_the_next_epochs_first_groups_as_it_ends() -> None:
     assert sorted(reads) == sorted(set(reads))  # each group once: those read ahead were taken
     epochs = {e for e, _ in reads}
     assert epochs == {0, 1, 2, 3}
+    assert feed.ahead.last_seconds is not None and feed.ahead.last_seconds < 2
     assert {f for e, f in reads if e < 3} == {*range(0, 62, 4), 62}  # (62: 4 rows)
     assert {f for e, f in reads if e == 3} <= {0, 4, 8}
 
@@ -371,12 +375,68 @@ def test_a_pass_read_ahead_is_dropped_when_the_feed_moves() -> None:
     feed = _feed(n=500, batch=8, num_threads=2)
     feed.group_steps = 4
     plan = feed.plan
-    _batches(feed)
-    assert feed.ahead.held is not None and feed.ahead.held.epoch == 1
-    feed.seek(5, 6)  # not the epoch read ahead: it is dropped, and 5 is read from step 6
-    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(5, 6, plan.steps))
-    assert feed.ahead.held is not None and feed.ahead.held.epoch == 6
-    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(6, 0, plan.steps))
+    _batches(feed), _batches(feed)
+    held = feed.ahead.held
+    assert held is not None and (held.epoch, held.start_step) == (2, 0)
+    feed.seek(2, 8)  # the epoch read ahead, but not from its start: dropped, its reads ended
+    assert feed.ahead.held is None and held._pool.alive == 0
+    assert all(f.done() for _, f in held.pending)
+    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(2, 8, plan.steps))
+    assert feed.ahead.held is not None and feed.ahead.held.epoch == 3
+    feed.seek(3)  # the one read ahead: kept, and taken
+    held = feed.ahead.held
+    assert held is not None and held.epoch == 3
+    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(3, 0, plan.steps))
+    feed.seek(7, 1)
+    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(7, 1, plan.steps))
+
+
+def test_a_pass_reads_ahead_only_the_epoch_its_feed_takes_next() -> None:
+    """Two iterators: the first takes epoch 1, the second epoch 2 before the first ends, so
+    the first reads nothing ahead (epoch 2 is taken); the second reads epoch 3 ahead."""
+    feed = _feed(n=500, batch=8, num_threads=2)
+    feed.group_steps = 4
+    plan = feed.plan
+    _batches(feed)  # epoch 0: a pass has ended, so passes know how long one takes
+    first, second = feed(), feed()
+    a, b = [next(first)], [next(second)]
+    a += list(first)
+    assert feed.ahead.held is None
+    b += list(second)
+    held = feed.ahead.held
+    assert held is not None and (held.epoch, held.start_step) == (3, 0)
+    for groups, epoch in ((a, 1), (b, 2)):
+        ids = np.concatenate([g["a"].reshape(-1) for g in groups])
+        np.testing.assert_array_equal(ids, plan.indices(epoch, 0, plan.steps))
+
+
+def test_an_error_reading_ahead_is_raised_in_the_epoch_it_belongs_to() -> None:
+    """The first group of epoch 2, read ahead while epoch 1 ends, fails: epoch 1 ends as it
+    should, and epoch 2 raises the error at its first group."""
+    x = np.arange(500)
+    calls = [0]
+    fail_at = 17 * 2 + 1  # one thread reads in order: 17 groups an epoch
+
+    class Fails(ArraySource):
+        def gather_into(self, indices: np.ndarray, out: np.ndarray) -> None:
+            calls[0] += 1
+            if calls[0] == fail_at:
+                raise OSError("the disk went away")
+            super().gather_into(indices, out)
+
+    _, treedef = flatten({"a": x}, lambda v: isinstance(v, np.ndarray))
+    plan = Plan(n_rows=500, batch_size=8, seed=1)
+    feed = Feed([Fails(x)], treedef, plan, num_threads=1)  # groups read in order
+    feed.group_steps = 4
+    for epoch in range(2):
+        np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(epoch, 0, plan.steps))
+    held = feed.ahead.held
+    assert held is not None and held.epoch == 2
+    held.pending[0][1].exception(timeout=10)  # it failed already, before epoch 2 was asked for
+    assert calls[0] >= fail_at
+    with pytest.raises(OSError, match="the disk went away"):
+        next(feed())
+    np.testing.assert_array_equal(_ids(_batches(feed)), plan.indices(3, 0, plan.steps))
 
 
 def test_a_long_pass_reads_no_epoch_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -397,10 +457,16 @@ def test_a_long_pass_reads_no_epoch_ahead(monkeypatch: pytest.MonkeyPatch) -> No
 def test_an_epoch_cut_short_drops_the_pass_read_ahead() -> None:
     feed = _feed(n=500, batch=8, num_threads=2)
     feed.group_steps = 4
+    _batches(feed)  # epoch 0
+    reads = _record_reads(feed)
     it = feed()
-    groups = [next(it) for _ in range(16)]  # every group: the next epoch is read ahead now
-    assert len(groups) == 16
+    groups = [next(it) for _ in range(17)]  # every group: the next epoch is read ahead now
+    assert len(groups) == 17
+    deadline = time.monotonic() + 10
+    while (2, 0) not in reads:
+        assert time.monotonic() < deadline, reads
+        time.sleep(0.001)
     it.close()  # but the epoch was not finished (no StopIteration)
     assert feed.ahead.held is None
     assert _reader_threads() == 0
-    np.testing.assert_array_equal(_ids(_batches(feed)), feed.plan.indices(1, 0, feed.plan.steps))
+    np.testing.assert_array_equal(_ids(_batches(feed)), feed.plan.indices(2, 0, feed.plan.steps))

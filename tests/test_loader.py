@@ -74,8 +74,59 @@ def test_the_loader_gives_the_stream_of_reader_threads(
     x, y = files[store]
     here = af.batches(x, y, batch_size=48, processes=0, **kwargs)
     there = af.batches(x, y, batch_size=48, processes=1, **kwargs)
-    _same(_epochs(there, 2), _epochs(here, 2))
+    # Three epochs: the third starts from the groups the second read ahead (either way).
+    _same(_epochs(there, 3), _epochs(here, 3))
     assert there.position == here.position
+
+
+def test_a_short_epoch_asks_the_loader_for_the_next_epochs_first_groups(
+    files: dict[str, Any],
+) -> None:
+    x, y = files["npy"]
+    here = af.batches(x, y, batch_size=48, seed=3, processes=0)
+    there = af.batches(x, y, batch_size=48, seed=3, processes=1)
+    remote = there._feed._remote
+    assert remote is not None
+    for epoch in range(3):
+        _same(_epochs(there, 1), _epochs(here, 1))
+        held = remote._ahead
+        if epoch == 0:  # the first pass reads none ahead: how long an epoch takes is not known
+            assert held is None
+            continue
+        assert held is not None and (held.epoch, held.start_step) == (epoch + 1, 0)
+        assert held.asked >= 1 and held.in_flight == held.asked  # asked for, not taken
+    token = remote._ahead.token
+    _same(_epochs(there, 1), _epochs(here, 1))  # epoch 3: the pass asked for ahead, taken
+    assert remote._ahead is not None and remote._ahead.token > token
+    for position in ((5, 4), (4, 0)):  # not the epoch asked for ahead (4 from its start): ended
+        here.seek(*position)
+        there.seek(*position)
+        _same(_epochs(there, 1), _epochs(here, 1))
+    assert remote._ahead.epoch == 5  # read ahead by the pass over epoch 4
+
+
+def test_an_error_in_a_group_asked_for_ahead_is_raised_in_its_epoch(
+    files: dict[str, Any],
+) -> None:
+    x, y = files["npy"]
+    per_epoch = -(-ROWS // 100)
+
+    def fails(batch: Any) -> Any:  # counted in the loader: every batch read is mapped once
+        if os.getpid() == here:  # the first batch, mapped when the dataset is built
+            return batch
+        calls[0] += 1
+        if calls[0] == 2 * per_epoch + 1:  # the first batch of epoch 2, read ahead
+            raise ValueError("no third epoch")
+        return batch
+
+    calls, here = [0], os.getpid()
+    b = af.batches(x, y, batch_size=100, shuffle=False, map_batch=fails, processes=1, num_threads=1)
+    for _ in range(2):
+        assert sum(len(yb) for _, yb in b) == ROWS
+    held = b._feed._remote._ahead  # epoch 2 (one group) was asked for while epoch 1 ended
+    assert held is not None and held.epoch == 2 and held.asked == 1
+    with pytest.raises(af.MapBatchError, match="no third epoch"):
+        next(iter(b))
 
 
 @pytest.mark.parametrize("threads", [64, 100])

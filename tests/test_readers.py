@@ -134,3 +134,22 @@ def test_parked_threads_end_when_idle_and_start_again() -> None:
     pool.shutdown()
     assert rec.started == list(range(10)) and rec.most == 2
     assert pool.alive == 0
+
+
+def test_parked_threads_above_a_lowered_limit_end_too() -> None:
+    """Idle threads left from a higher limit wait while tasks are queued beyond the lowered
+    one; parked, they end once the last task is taken (each thread that ends wakes the next)."""
+    rec, pool = Recorder(), ReaderThreads(4, most=4, name="test-readers-lowered")
+    first = [pool.submit(rec.task, i, 0.01) for i in range(4)]  # four threads started
+    for f in first:
+        f.result(timeout=10)
+    assert pool.alive == 4
+    pool.limit = 1
+    more = [pool.submit(rec.task, i, 0.02) for i in range(4, 7)]
+    pool.park()
+    assert [f.result(timeout=10) for f in more] == [i * i for i in range(4, 7)]
+    deadline = time.monotonic() + 10
+    while pool.alive and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert pool.alive == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-readers-lowered")]

@@ -111,11 +111,7 @@ def test_resuming_is_o1_nothing_before_the_start_is_read() -> None:
     ds = af.from_arrays(source, batch_size=100, seed=1, start_epoch=10**12, start_step=997)
     batches = [b.numpy() for b in ds]  # the last three batches of epoch 10**12
     assert len(batches) == 3
-    ahead = feeds_of(ds)[0].ahead.held  # and the next epoch's first groups, read ahead
-    assert ahead is not None and ahead.epoch == 10**12 + 1
-    ahead.close()  # (its reads done, or dropped before they started)
-    read_ahead = sum(steps * 100 for steps, f in ahead.pending if not f.cancelled())
-    assert source.rows_read - read_ahead == 300
+    assert source.rows_read == 300  # (a first pass reads no epoch ahead)
     plan = feeds_of(ds)[0].plan
     np.testing.assert_array_equal(np.concatenate(batches), plan.indices(10**12, 997, 1000))
 

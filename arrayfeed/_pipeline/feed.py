@@ -327,7 +327,8 @@ class Feed:
         """Yield the groups of the next epoch (the epoch is taken at the first request).
 
         Every source is verified first: a file changed since it was opened raises here, at the
-        start of the epoch, before any of its rows are read.
+        start of the epoch, before any of its rows are yielded (the first groups a short epoch
+        before it read ahead are dropped then, unseen).
         """
         _, _, groups = self.take()
         yield from groups
@@ -336,7 +337,11 @@ class Feed:
         """Take the next epoch now: ``(epoch, start_step, its groups)``, as :meth:`__call__` does
         at its first request (sources verified), for callers that need to know the position."""
         epoch, start_step = self._take_epoch()
-        verify_sources(self.sources)
+        try:
+            verify_sources(self.sources)
+        except BaseException:
+            self.ahead.take(-1, 0)  # (drops what was read ahead: the files changed)
+            raise
         if self._remote is not None and self._remote.pid != os.getpid():
             self._remote = self._new_remote()  # a forked child: its own loaders and slots
         groups = self._remote.epoch if self._remote is not None else self.epoch
@@ -347,6 +352,7 @@ class Feed:
         position = check_position(self.plan.steps, epoch, step)
         with self._lock:
             self._next = position
+        self.ahead.drop_unless(*position)  # (read ahead for another position)
 
     @property
     def next_position(self) -> tuple[int, int]:
@@ -437,13 +443,15 @@ class Feed:
         """Row indices of steps ``[first, stop)`` of ``epoch``, from ``blocks`` when given."""
         if blocks is not None:
             return blocks.get(first, stop)
-        out = self.index_buffer(self.plan.index_count(first, stop))
+        out = self.index_allocator(self.plan.index_count(first, stop))
         return self.plan.indices(epoch, first, stop, out=out)
 
-    def index_buffer(self, n: int) -> np.ndarray:
+    @property
+    def index_allocator(self) -> Callable[[int], np.ndarray]:
         """Room for ``n`` row indices, recycled: beside TensorFlow a fresh array of a group's
-        indices is a new, page-faulting mmap."""
-        return self.pool.empty((n,), _INDEX)
+        indices is a new, page-faulting mmap. (It holds the pool, not the feed.)"""
+        pool = self.pool
+        return lambda n: pool.empty((n,), _INDEX)
 
     def _wait_seconds(self) -> float:
         """Seconds a reader thread waits per batch on the leaves read from storage for every

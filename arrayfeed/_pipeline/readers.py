@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from .feed import Feed
     from .read import Allocator
 
-__all__ = ["FOLLOW_SECONDS", "EpochPass", "PassAhead", "ReaderThreads", "read_pass"]
+__all__ = ["FOLLOW_SECONDS", "EpochPass", "PassAhead", "ReaderThreads", "read_pass", "reads_next"]
 
 #: A pass that has read for less than this many seconds when its last group is requested reads
 #: the first groups of the next epoch too (as many as are in flight), while its own last groups
@@ -137,6 +138,7 @@ class ReaderThreads:
                 if not self._tasks:  # closed or parked, nothing left
                     self._idle -= 1
                     self._threads.remove(threading.current_thread())
+                    cond.notify_all()  # idle threads above a lowered limit end too
                     return
                 future, fn, args = self._tasks.popleft()
                 self._idle -= 1
@@ -164,22 +166,37 @@ class EpochPass:
     def __init__(
         self, feed: Feed, epoch: int, start_step: int = 0, threads: ReaderThreads | None = None
     ) -> None:
-        self.feed, self.epoch, self.start_step = feed, epoch, start_step
+        # Weakly: a pass read ahead is held by its feed (Feed.ahead), which must still be freed
+        # when its dataset is dropped; while a pass is read, its reader holds the feed.
+        self._feed = weakref.ref(feed)
+        self.epoch, self.start_step = epoch, start_step
         self.readers = feed.readers(epoch)
         self.indices = EpochIndices(
-            feed.plan, epoch, start_step, feed.group_steps, feed.index_buffer
+            feed.plan, epoch, start_step, feed.group_steps, feed.index_allocator
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
-        #: ``(first, stop)`` of the groups not submitted yet, and ``(steps, future)`` of those
-        #: submitted and not taken, in order.
-        self.todo: deque[tuple[int, int]] = deque(feed.groups(start_step))
+        #: ``(first, stop)`` of the groups :meth:`fill` has not submitted yet (none until
+        #: :meth:`plan`), and ``(steps, future)`` of those submitted and not taken, in order.
+        self.todo: deque[tuple[int, int]] = deque()
         self.pending: deque[tuple[int, Future[Any]]] = deque()
         self.pid = os.getpid()
         # Threads are started as reads are submitted, up to the most the tuner may ask for.
         if threads is None:
             threads = ReaderThreads(feed.tuner.threads, feed.pool_threads)
         self._pool = threads
+
+    @property
+    def feed(self) -> Feed:
+        feed = self._feed()
+        if feed is None:
+            raise RuntimeError("arrayfeed: a pass over a feed that is gone")
+        return feed
+
+    def plan(self) -> EpochPass:
+        """Make :attr:`todo` every group of the pass (for :meth:`fill`); returns the pass."""
+        self.todo.extend(self.feed.groups(self.start_step))
+        return self
 
     @property
     def threads(self) -> int:
@@ -199,7 +216,7 @@ class EpochPass:
     def follow(self) -> EpochPass:
         """The pass over the next epoch from its start, read by these threads: its groups may
         be submitted while this pass's last groups are still being taken."""
-        return EpochPass(self.feed, self.epoch + 1, 0, self._pool)
+        return EpochPass(self.feed, self.epoch + 1, 0, self._pool).plan()
 
     def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
         """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
@@ -234,12 +251,14 @@ class EpochPass:
 
 class PassAhead:
     """The pass over the next epoch that a short pass read ahead, kept for the call that takes
-    that epoch (a feed has one)."""
+    that epoch, and how long the last pass took (a feed has one)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._pass: EpochPass | None = None
+        #: Seconds the last pass that ended took, from its start (None before one has).
+        self.last_seconds: float | None = None
 
     @property
     def held(self) -> EpochPass | None:
@@ -265,34 +284,48 @@ class PassAhead:
         after.close()
         return None
 
+    def drop_unless(self, epoch: int, start_step: int) -> None:
+        """Drop the pass kept unless it is for ``epoch`` from ``start_step``."""
+        kept = self.take(epoch, start_step)
+        if kept is not None:
+            self.keep(kept)
+
 
 def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
     """The groups of ``epoch`` from ``start_step`` on, read ahead by reader threads, in order,
     as many at once as the feed's tuner says and one more requested.
 
-    A pass that has read for less than :data:`FOLLOW_SECONDS` when its last group is submitted,
-    and whose feed takes the next epoch from its start next, reads that epoch's first groups
-    too, within the same groups in flight; it ends holding them in ``feed.ahead`` (its threads
-    end once they are read), and the pass over that epoch starts from them. A pass cut short
-    drops them."""
+    A short pass (see :func:`reads_next`) whose feed takes the next epoch from its start next
+    reads that epoch's first groups too, once its own are all submitted, within the same groups
+    in flight; it ends holding them in ``feed.ahead`` (its threads end once they are read), and
+    the pass over that epoch starts from them. A pass cut short drops them."""
     tuner, batch = feed.tuner, feed.plan.batch_size
     reading = feed.ahead.take(epoch, start_step)
     tuner.pass_started(carried=len(reading.pending) if reading is not None else 0)
     if reading is None:
-        reading = EpochPass(feed, epoch, start_step)
+        reading = EpochPass(feed, epoch, start_step).plan()
     began, after, kept = time.perf_counter(), None, None
+    follow = True  # until the next epoch is read ahead, or cannot be
     try:
         while reading.todo or reading.pending:
             reading.threads = threads = tuner.threads
             reading.fill(threads + 1)
-            if after is None and not reading.todo and _follows(feed, epoch, began):
-                after = reading.follow()
+            if follow and not reading.todo and reads_next(feed, epoch, began):
+                try:
+                    after = reading.follow()
+                except Exception:  # planning the next epoch failed: its own pass will say why
+                    after = None
+                follow = False
             if after is not None:  # within the same groups in flight
-                after.fill(threads + 1 - len(reading.pending))
+                try:
+                    after.fill(threads + 1 - len(reading.pending))
+                except Exception:  # as above (what it submitted ends with the threads)
+                    after = None
             steps, future = reading.pending.popleft()
             group = future.result()
             tuner.delivered(steps * batch)
             yield group
+        feed.ahead.last_seconds = time.perf_counter() - began
         kept, after = after, None
     finally:
         if after is not None or kept is None:  # cut short, or nothing read ahead
@@ -302,8 +335,13 @@ def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, Non
         feed.ahead.keep(kept)
 
 
-def _follows(feed: Feed, epoch: int, began: float) -> bool:
-    """Whether the pass over ``epoch`` that began at ``began`` reads the next one ahead: when it
-    is short, and the next call of the feed takes that epoch from its start."""
+def reads_next(feed: Feed, epoch: int, began: float) -> bool:
+    """Whether the pass over ``epoch`` that began at ``began`` reads the next one ahead: when
+    the feed takes that epoch from its start next, and both this pass so far and the last one
+    that ended took less than :data:`FOLLOW_SECONDS` (the first pass of a feed reads none
+    ahead: an epoch of few large groups submits its last one at once, however long it takes)."""
+    last = feed.ahead.last_seconds
+    if last is None or last >= FOLLOW_SECONDS:
+        return False
     short = time.perf_counter() - began < FOLLOW_SECONDS
     return short and feed.next_position == (epoch + 1, 0)

@@ -12,12 +12,14 @@ import itertools
 import os
 import select
 import threading
+import time
 import weakref
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
+from ..readers import reads_next
 from .processes import LoaderProcess, loaders
 from .slots import Slots, area_bytes
 from .wire import (
@@ -58,6 +60,24 @@ class _Link:
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
+@dataclass
+class _Asked:
+    """A pass over ``epoch`` from ``start_step`` as asked of the loaders: its groups, the
+    loader each is read by, how many were asked for and how many of those are not taken yet."""
+
+    token: int
+    epoch: int
+    start_step: int
+    todo: list[tuple[int, int]]
+    owner: Callable[[int], int]
+    links: list[_Link]
+    asked: int = 0
+    in_flight: int = 0
+
+    def link(self, first: int) -> _Link:
+        return self.links[self.owner(first) % len(self.links)]
+
+
 class RemoteFeed:
     """Epochs of one feed read by ``processes`` loader processes (see the module docstring)."""
 
@@ -87,6 +107,7 @@ class RemoteFeed:
         self._arrived: dict[tuple[int, int], Loaded | Raised] = {}
         self._ending: dict[int, int] = {}  # token -> loaders yet to confirm its end
         self._links: list[_Link] = []
+        self._ahead: _Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
         weakref.finalize(self, RemoteFeed._close, self.feed_id, self._links, self._fds)
 
@@ -233,42 +254,28 @@ class RemoteFeed:
 
     # -- epochs ------------------------------------------------------------------------------------
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
-        """Groups of ``epoch`` from ``start_step`` on, read by the loaders, in order."""
+        """Groups of ``epoch`` from ``start_step`` on, read by the loaders, in order; a short
+        pass also asks for the next epoch's first groups (as :func:`~..readers.read_pass`)."""
         feed = self._feed()
         if feed is None:
             raise RuntimeError("arrayfeed: a pass over a feed that is gone")
-        todo = feed.groups(start_step)
-        owner = feed.group_owner(epoch)
-        treedef, feed_batch = feed.treedef, feed.plan.batch_size
+        treedef, batch = feed.treedef, feed.plan.batch_size
+        asked = self._take_ahead(epoch, start_step) or self._start(feed, epoch, start_step)
         del feed
-        with self._cond:
-            self._check_links()
-            if not len(self.slots):
-                self._add_slots(self._first_slots)
-            token = next(self._tokens)
-            links = list(self._links)
-            for link in links:
-                self._send(link, StartEpoch(token, epoch, start_step))
-        asked = 0
-        in_flight = 0
-        tuner, batch = self.tuner, feed_batch
-        tuner.pass_started()
+        tuner, after, kept = self.tuner, None, None
+        tuner.pass_started(carried=asked.asked)
+        began = time.perf_counter()
         try:
-            for first, stop in todo:
+            for first, stop in asked.todo:
                 threads = tuner.threads
-                while asked < len(todo) and in_flight < (wanted := (threads + 1) * len(links)):
-                    slot = self._slot(in_flight, wanted)
-                    if slot is None:
-                        break
-                    a, b = todo[asked]
-                    link = links[owner(a) % len(links)]
-                    with self._cond:
-                        link.slots[slot] = (token, a)
-                    self._send(link, Read(token, a, b, slot, threads))
-                    asked += 1
-                    in_flight += 1
-                message = self._await(token, first, links[owner(first) % len(links)])
-                in_flight -= 1
+                wanted = (threads + 1) * len(asked.links)
+                self._ask(asked, threads, wanted, asked.in_flight)
+                if after is None and asked.asked == len(asked.todo):
+                    after = self._follow(epoch, began)
+                if after is not None:  # within the same groups in flight
+                    self._ask(after, threads, wanted, asked.in_flight + after.in_flight)
+                message = self._await(asked.token, first, asked.link(first))
+                asked.in_flight -= 1
                 if isinstance(message, Raised):
                     with self._cond:
                         self.slots.release(message.slot)
@@ -278,8 +285,73 @@ class RemoteFeed:
                 tuner.delivered((stop - first) * batch)
                 yield treedef.unflatten(arrays)
                 del arrays
+            kept, after = after, None
+            feed = self._feed()
+            if feed is not None:
+                feed.ahead.last_seconds = time.perf_counter() - began
         finally:
-            self._end(token, links)
+            self._end(asked.token, asked.links)
+            if after is not None:  # cut short: what was asked for the next epoch goes too
+                self._end(after.token, after.links)
+        if kept is not None:
+            with self._cond:
+                kept, self._ahead = self._ahead, kept
+            if kept is not None:  # another iterator's, never taken
+                self._end(kept.token, kept.links)
+
+    def _start(self, feed: Feed, epoch: int, start_step: int) -> _Asked:
+        """Start a pass in every loader."""
+        with self._cond:
+            self._check_links()
+            if not len(self.slots):
+                self._add_slots(self._first_slots)
+            token = next(self._tokens)
+            links = list(self._links)
+            for link in links:
+                self._send(link, StartEpoch(token, epoch, start_step))
+        return _Asked(
+            token, epoch, start_step, feed.groups(start_step), feed.group_owner(epoch), links
+        )
+
+    def _follow(self, epoch: int, began: float) -> _Asked | None:
+        """The pass over the next epoch, started now, if the pass over ``epoch`` that began at
+        ``began`` reads it ahead (see :func:`~..readers.reads_next`)."""
+        feed = self._feed()
+        if feed is None or not reads_next(feed, epoch, began):
+            return None
+        return self._start(feed, epoch + 1, 0)
+
+    def _take_ahead(self, epoch: int, start_step: int) -> _Asked | None:
+        """The pass asked for ahead for ``epoch`` from ``start_step``, if that is the one held
+        and its loaders still serve this feed; another is ended."""
+        with self._cond:
+            held, self._ahead = self._ahead, None
+        if held is None:
+            return None
+        same = len(held.links) == len(self._links) and all(
+            a is b and a.error is None and a.process.alive()
+            for a, b in zip(held.links, self._links, strict=False)
+        )
+        if same and (held.epoch, held.start_step) == (epoch, start_step):
+            return held
+        self._end(held.token, held.links)
+        return None
+
+    def _ask(self, asked: _Asked, threads: int, wanted: int, in_flight: int) -> None:
+        """Ask for the next groups of a pass while fewer than ``wanted`` (of every pass) are in
+        flight and slots are free or can be made."""
+        while asked.asked < len(asked.todo) and in_flight < wanted:
+            slot = self._slot(in_flight, wanted)
+            if slot is None:
+                break
+            a, b = asked.todo[asked.asked]
+            link = asked.link(a)
+            with self._cond:
+                link.slots[slot] = (asked.token, a)
+            self._send(link, Read(asked.token, a, b, slot, threads))
+            asked.asked += 1
+            asked.in_flight += 1
+            in_flight += 1
 
     def _slot(self, in_flight: int, wanted: int) -> int | None:
         """A slot to read the next group into: None when the pass should first take a group
