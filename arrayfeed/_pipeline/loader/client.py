@@ -262,7 +262,7 @@ class RemoteFeed:
         treedef, batch = feed.treedef, feed.plan.batch_size
         asked = self._take_ahead(epoch, start_step) or self._start(feed, epoch, start_step)
         del feed
-        tuner, after, kept = self.tuner, None, None
+        tuner, after, kept, follow = self.tuner, None, None, True
         tuner.pass_started(carried=asked.asked)
         began = time.perf_counter()
         try:
@@ -270,8 +270,8 @@ class RemoteFeed:
                 threads = tuner.threads
                 wanted = (threads + 1) * len(asked.links)
                 self._ask(asked, threads, wanted, asked.in_flight)
-                if after is None and asked.asked == len(asked.todo):
-                    after = self._follow(epoch, began)
+                if follow and asked.asked == len(asked.todo):
+                    after, follow = self._follow(epoch, began), False
                 if after is not None:  # within the same groups in flight
                     self._ask(after, threads, wanted, asked.in_flight + after.in_flight)
                 message = self._await(asked.token, first, asked.link(first))
@@ -319,7 +319,10 @@ class RemoteFeed:
         feed = self._feed()
         if feed is None or not reads_next(feed, epoch, began):
             return None
-        return self._start(feed, epoch + 1, 0)
+        try:
+            return self._start(feed, epoch + 1, 0)
+        except Exception:  # a loader lost: the next epoch's own pass says so, not this one
+            return None
 
     def _take_ahead(self, epoch: int, start_step: int) -> _Asked | None:
         """The pass asked for ahead for ``epoch`` from ``start_step``, if that is the one held
