@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,7 @@ def test_a_short_epoch_asks_the_loader_for_the_next_epochs_first_groups(
     for position in ((5, 4), (4, 0)):  # not the epoch asked for ahead (4 from its start): ended
         here.seek(*position)
         there.seek(*position)
+        assert remote._ahead is None  # at once: its slots come back
         _same(_epochs(there, 1), _epochs(here, 1))
     assert remote._ahead.epoch == 5  # read ahead by the pass over epoch 4
 
@@ -482,3 +484,37 @@ def test_the_training_process_touches_no_fresh_memory_in_steady_state(
     faults_per_page, rss_growth_mib = map(float, out.stdout.split())
     assert faults_per_page <= 0.1
     assert rss_growth_mib < 32  # memory stays bounded: slots are reused, not made anew
+
+
+def test_a_loader_that_closes_its_link_while_alive_is_named_so() -> None:
+    """A loader whose side of a feed's link ended while it still runs (an error in the loader
+    itself) is not reported as killed or crashed."""
+    import threading
+
+    from arrayfeed._pipeline.loader.client import RemoteFeed, _Link
+
+    class Alive:
+        pid = 4242
+
+        def exit_code(self, timeout: float = 5.0) -> int | None:
+            return None
+
+    class Exited(Alive):
+        def exit_code(self, timeout: float = 5.0) -> int | None:
+            return 3
+
+    remote = RemoteFeed.__new__(RemoteFeed)  # the state `_lost` uses, no loader started
+    remote._cond, remote._ending = threading.Condition(), {}
+    for process, says, not_said in (
+        (Alive(), r"pid 4242\) closed its link to this dataset while still running", "killed"),
+        (
+            Exited(),
+            r"pid 4242\) exited with code 3 while reading batches \(killed for memory",
+            "link",
+        ),
+    ):
+        link = _Link(process, channel=None)  # type: ignore[arg-type]
+        remote._lost(link)
+        assert isinstance(link.error, af.LoaderError)
+        assert re.search(says, str(link.error)), str(link.error)
+        assert not_said not in str(link.error).split(";")[0]

@@ -353,6 +353,8 @@ class Feed:
         with self._lock:
             self._next = position
         self.ahead.drop_unless(*position)  # (read ahead for another position)
+        if self._remote is not None and self._remote.pid == os.getpid():
+            self._remote.drop_ahead_unless(*position)
 
     @property
     def next_position(self) -> tuple[int, int]:

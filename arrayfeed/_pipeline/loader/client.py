@@ -234,12 +234,20 @@ class RemoteFeed:
         if link.error is not None:
             return
         code = link.process.exit_code()
-        how = "is still running" if code is None else f"exited with code {code}"
-        if code is not None and code < 0:
-            how = f"was killed by signal {-code}"
+        if code is None:  # alive: its side of this feed's link ended (its stderr says why)
+            how = (
+                "closed its link to this dataset while still running (an error in the loader "
+                "itself, not in your data or `map_batch`: its traceback is on stderr; please "
+                "report it)"
+            )
+        else:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            how += (
+                " while reading batches (killed for memory? a crash in native code, e.g. in "
+                "`map_batch`?)"
+            )
         error = LoaderError(
-            f"the arrayfeed loader process (pid {link.process.pid}) {how} while reading batches "
-            "(killed for memory? a crash in native code, e.g. in `map_batch`?); a new loader "
+            f"the arrayfeed loader process (pid {link.process.pid}) {how}; a new loader "
             "starts with the next epoch. To read in this process instead, pass `processes=0`."
         )
         with self._cond:
@@ -339,6 +347,16 @@ class RemoteFeed:
             return held
         self._end(held.token, held.links)
         return None
+
+    def drop_ahead_unless(self, epoch: int, start_step: int) -> None:
+        """End the pass asked for ahead unless it is for ``epoch`` from ``start_step`` (the
+        feed was moved: its slots come back now, not at the next call)."""
+        with self._cond:
+            held = self._ahead
+            if held is None or (held.epoch, held.start_step) == (epoch, start_step):
+                return
+            self._ahead = None
+        self._end(held.token, held.links)
 
     def _ask(self, asked: _Asked, threads: int, wanted: int, in_flight: int) -> None:
         """Ask for the next groups of a pass while fewer than ``wanted`` (of every pass) are in
