@@ -340,7 +340,7 @@ class Feed:
         try:
             verify_sources(self.sources)
         except BaseException:
-            self.ahead.take(-1, 0)  # (drops what was read ahead: the files changed)
+            self.ahead.drop()  # what was read ahead: the files changed
             raise
         if self._remote is not None and self._remote.pid != os.getpid():
             self._remote = self._new_remote()  # a forked child: its own loaders and slots
@@ -445,7 +445,7 @@ class Feed:
         """Row indices of steps ``[first, stop)`` of ``epoch``, from ``blocks`` when given."""
         if blocks is not None:
             return blocks.get(first, stop)
-        out = self.index_allocator(self.plan.index_count(first, stop))
+        out = self.pool.empty((self.plan.index_count(first, stop),), _INDEX)
         return self.plan.indices(epoch, first, stop, out=out)
 
     @property

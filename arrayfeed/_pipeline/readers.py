@@ -284,6 +284,10 @@ class PassAhead:
         after.close()
         return None
 
+    def drop(self) -> None:
+        """Drop the pass kept, if any."""
+        self.take(-1, 0)  # (no pass is for epoch -1)
+
     def drop_unless(self, epoch: int, start_step: int) -> None:
         """Drop the pass kept unless it is for ``epoch`` from ``start_step``."""
         kept = self.take(epoch, start_step)
@@ -328,8 +332,8 @@ def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, Non
         feed.ahead.last_seconds = time.perf_counter() - began
         kept, after = after, None
     finally:
-        if after is not None or kept is None:  # cut short, or nothing read ahead
-            reading.close()  # (the pass read ahead shares the threads: it ends too)
+        if kept is None:  # cut short, or nothing read ahead
+            reading.close()  # (a pass read ahead shares the threads: it ends too)
     if kept is not None:
         reading.park()  # the threads end once the next epoch's first groups are read
         feed.ahead.keep(kept)

@@ -174,7 +174,7 @@ class Tuner:
         which hid what the settings delivered.
 
         ``carried``: groups of this pass already asked for, read ahead while the pass before
-        ended (see :meth:`~.feed.Feed.epoch`). After a pause longer than :data:`CARRIED_PAUSE`
+        ended (see :func:`~.readers.read_pass`). After a pause longer than :data:`CARRIED_PAUSE`
         they are not counted (read while nothing was measured, they come at once), nor, after a
         move, those asked for before it."""
         if self.fixed:
@@ -183,7 +183,7 @@ class Tuner:
             now = self._clock()
             if self._window_start is not None and self._due and self._last is not None:
                 self._close(self._last)
-            pause = 0.0 if self._last is None else max(0.0, now - max(self._last, self._mark))
+            pause = self._since_last(now, self._last)
             # The groups of the pass before, asked for before a move, are done; those carried
             # into this one were asked for with them.
             self._skip = min(self._skip, carried)
@@ -191,9 +191,8 @@ class Tuner:
                 self._skip = carried
             if self._window_start is None:
                 self._open(now)
-            elif self._last is not None:  # the pause since the last group, or pass start
-                self._window_start += pause
-                self._opened += pause
+            else:  # the pause since the last group, or pass start
+                self._leave_out(pause)
             self._mark = now
             if self._phase != "warm-up":  # (the first window is not counted anyway)
                 self._starts += 1
@@ -209,10 +208,8 @@ class Tuner:
                 self._first = now
             if self._skip:  # requested at the setting before a move, or read during a pause
                 self._skip -= 1
-                if self._window_start is not None and before is not None:  # nor its time
-                    gap = max(0.0, now - max(before, self._mark))
-                    self._window_start += gap
-                    self._opened += gap
+                if self._window_start is not None:  # nor its time
+                    self._leave_out(self._since_last(now, before))
                 return
             if self._window_start is None:  # the window starts at its first delivery
                 self._open(now)
@@ -225,6 +222,17 @@ class Tuner:
                 self._due = True  # to end with this pass (see pass_started)
                 return
             self._close(now)
+
+    def _since_last(self, now: float, last: float | None) -> float:
+        """Seconds since ``last`` (a group delivered) or the window's opening or last pass
+        start, whichever is later."""
+        return 0.0 if last is None else max(0.0, now - max(last, self._mark))
+
+    def _leave_out(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the open window (and of its cap)."""
+        assert self._window_start is not None
+        self._window_start += seconds
+        self._opened += seconds
 
     def _open(self, now: float) -> None:
         self._window_start = self._opened = self._mark = now

@@ -302,10 +302,7 @@ class RemoteFeed:
             if after is not None:  # cut short: what was asked for the next epoch goes too
                 self._end(after.token, after.links)
         if kept is not None:
-            with self._cond:
-                kept, self._ahead = self._ahead, kept
-            if kept is not None:  # another iterator's, never taken
-                self._end(kept.token, kept.links)
+            self._keep_ahead(kept)
 
     def _start(self, feed: Feed, epoch: int, start_step: int) -> _Asked:
         """Start a pass in every loader."""
@@ -351,12 +348,17 @@ class RemoteFeed:
     def drop_ahead_unless(self, epoch: int, start_step: int) -> None:
         """End the pass asked for ahead unless it is for ``epoch`` from ``start_step`` (the
         feed was moved: its slots come back now, not at the next call)."""
+        held = self._take_ahead(epoch, start_step)
+        if held is not None:
+            self._keep_ahead(held)
+
+    def _keep_ahead(self, asked: _Asked) -> None:
+        """Hold ``asked`` for the call that takes its epoch (ending one held before: another
+        iterator's, never taken)."""
         with self._cond:
-            held = self._ahead
-            if held is None or (held.epoch, held.start_step) == (epoch, start_step):
-                return
-            self._ahead = None
-        self._end(held.token, held.links)
+            dropped, self._ahead = self._ahead, asked
+        if dropped is not None:
+            self._end(dropped.token, dropped.links)
 
     def _ask(self, asked: _Asked, threads: int, wanted: int, in_flight: int) -> None:
         """Ask for the next groups of a pass while fewer than ``wanted`` (of every pass) are in
