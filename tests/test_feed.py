@@ -470,3 +470,20 @@ def test_an_epoch_cut_short_drops_the_pass_read_ahead() -> None:
     assert feed.ahead.held is None
     assert _reader_threads() == 0
     np.testing.assert_array_equal(_ids(_batches(feed)), feed.plan.indices(2, 0, feed.plan.steps))
+
+
+def test_a_file_changed_between_epochs_drops_what_was_read_ahead(tmp_path: Path) -> None:
+    """The epoch after a change raises at its start; the groups read ahead from the file as it
+    was are dropped then, never yielded (PassAhead.drop)."""
+    np.save(tmp_path / "x.npy", np.arange(500))
+    b = af.batches(str(tmp_path / "x.npy"), batch_size=8, seed=0, processes=0)
+    feed = b._feed
+    feed.group_steps = 4
+    for _ in range(2):
+        assert sorted(int(i) for batch in b for i in batch) == list(range(500))
+    held = feed.ahead.held
+    assert held is not None and held.epoch == 2
+    np.save(tmp_path / "x.npy", np.arange(501))  # another size: a changed file
+    with pytest.raises(af.CorruptDataError, match="changed since arrayfeed opened it"):
+        next(iter(b))
+    assert feed.ahead.held is None and held._pool.alive == 0

@@ -188,6 +188,7 @@ class EpochPass:
 
     @property
     def feed(self) -> Feed:
+        """The feed this pass reads (held weakly: one that is gone is an error)."""
         feed = self._feed()
         if feed is None:
             raise RuntimeError("arrayfeed: a pass over a feed that is gone")

@@ -75,6 +75,7 @@ class _Asked:
     in_flight: int = 0
 
     def link(self, first: int) -> _Link:
+        """The loader that reads the group starting at step ``first``."""
         return self.links[self.owner(first) % len(self.links)]
 
 
