@@ -426,6 +426,7 @@ def feed_run(make: Callable[[], Feed], info: dict[str, Any], warm: float = 0.0) 
     def run(budget: float) -> tuple[int, float]:
         feed = make()
         info["resolved_threads"] = feed.num_threads
+        info.setdefault("group_steps", []).append(feed.group_steps)  # batches per group
 
         def new_epoch() -> Iterator[Any]:
             # Called as tf.data calls it, so that a short epoch reads the next one ahead.
@@ -1319,12 +1320,15 @@ def main(argv: list[str] | None = None) -> None:
             print(table(level, all_cases, sweep))
     tuned = [c for c in all_cases if c.info.get("tuned_threads")]
     if tuned:
-        print("\ndefault threads, as tuned (each timed run), and the settings tried in the last")
+        print(
+            "\ndefault threads, as tuned (each timed run), the settings tried in the last,"
+            " and the batches per group"
+        )
         for c in tuned:
             name = f"{c.level} {c.shape} {c.name}"
             print(
                 f"  {name:52} {c.info['tuned_threads']} after {c.info['settled_after']} s: "
-                f"{c.info['history'][-1]}"
+                f"{c.info['history'][-1]}; batches per group {c.info.get('group_steps')}"
             )
     for line in skipped:
         print(f"\n{line}")

@@ -137,3 +137,34 @@ def test_warm_runs_time_the_tuned_default_and_report_its_choice(tmp_path: Path) 
     assert default["history"][0][-1] == default["tuned_threads"][0]
     assert "S .npy path (full) T=default:" in done.stderr  # --verbose: every run's rows/s
     assert "default threads, as tuned" in done.stdout
+
+
+def test_the_groups_benchmark_reports_the_groups_of_feeds_built_one_after_another(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "groups.json"
+    done = run_benchmark(
+        "bench_groups.py",
+        [
+            "--cases",
+            "h5gzip",
+            "--shape",
+            "S",
+            "--variants",
+            "2,default",
+            "--rows-scale",
+            "0.02",
+            "--seconds",
+            "0.2",
+            "--json",
+            str(out),
+        ],
+        tmp_path / "tmp",
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "batches per group" in done.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["variant"] for r in runs] == ["2", "default"]
+    assert all(r["group_steps"] >= 1 and r["rows_per_s"] > 0 for r in runs)
+    assert runs[1]["windows"] and not runs[0]["windows"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -42,6 +41,7 @@ from .readers import PassAhead, read_pass
 from .resident import Resident, resident_sources
 from .structure import Treedef
 from .tuning import LADDER, Tuner, Tuning
+from .waits import wait_per_batch
 
 __all__ = ["Feed", "default_num_threads", "usable_cores"]
 
@@ -77,7 +77,7 @@ GROUP_MAP_SECONDS = 0.005
 #: so that the reads in flight, not the size of each, carry the rate, and the tuner finds how many
 #: the storage needs within the read-ahead. Reads that use the CPU (decoding) keep groups sized
 #: by bytes: beside a training loop each group has fixed costs, and more of them in flight gain
-#: nothing once the cores are busy. Timed on a batch read when the feed is built.
+#: nothing once the cores are busy. Timed on batch reads when the feed is built.
 GROUP_WAIT_SECONDS = 0.05
 
 _INDEX = np.dtype(np.int64)
@@ -459,21 +459,13 @@ class Feed:
         """Seconds a reader thread waits per batch on the leaves read from storage for every
         group (not gathered from memory, not held in it): the time a read takes beyond the CPU
         time of its thread, when waiting is most of it (0 otherwise, or when no leaf is read
-        from storage). Timed on the second batch's rows in storage order, after the first (which
-        opens indexes and connections)."""
+        from storage): see :mod:`.waits`."""
         slow = [s for s in self.readable if not isinstance(s, (GatherInto, Resident))]
         if not slow:
             return 0.0
         start, stop = self.plan.bounds
         rows = min(self.plan.batch_size, self.plan.rows_per_epoch)
-        read_rows(slow, np.arange(start, start + rows, dtype=np.int64))
-        second = start + rows if start + 2 * rows <= stop else start
-        began, cpu = time.perf_counter(), time.thread_time()
-        read_rows(slow, np.arange(second, second + rows, dtype=np.int64))
-        took, used = time.perf_counter() - began, time.thread_time() - cpu
-        waited = took - used
-        if waited <= used:  # mostly decoding (or sharing the cores): sized by bytes
-            return 0.0
+        waited = wait_per_batch(lambda indices: read_rows(slow, indices), start, stop, rows)
         return waited * self.plan.batch_size / max(1, rows)
 
     def _probe_map_batch(self) -> tuple[Contract, float]:
