@@ -114,6 +114,24 @@ def test_tunes_again_when_the_rate_moves() -> None:
     assert "tuned" in report.why
 
 
+def test_why_says_what_a_tuner_that_has_not_settled_is_doing() -> None:
+    tuner, clock = new_tuner(start=2)
+    seen = [tuner.report().why]
+    for scale in [1e4] * 400 + [1e3] * 100:  # 20 s; then the storage gets slow
+        drive(tuner, lambda r, scale=scale: scale * min(r, 16), 0.05, clock)
+        if tuner.report().why != seen[-1]:
+            seen.append(tuner.report().why)
+    assert seen[:4] == [
+        "tuning: measuring the starting setting",
+        "tuning: trying more threads",
+        "tuning: measuring the best so far again",
+        "tuning: trying fewer threads",
+    ], seen
+    assert seen[4].startswith("tuned: ") and "(12 delivered less)" in seen[4], seen
+    assert seen[5].startswith("tuning again (the rate moved from "), seen
+    assert seen[5].endswith("): trying more threads"), seen
+
+
 def test_a_pause_between_passes_is_not_counted() -> None:
     tuner, clock = new_tuner()
     drive(tuner, lambda r: 1e4 * min(r, 4), 0.2, clock)
@@ -251,13 +269,13 @@ def test_the_ladder_ends_at_the_cap(cap: int) -> None:
 
 
 def test_a_step_that_gains_little_gets_one_more_step() -> None:
-    """Reads that wait meet the CPU: 6 % from 4 to 6 threads, but 18 % from 4 to 8."""
+    """Reads that wait meet the CPU: 4 % from 4 to 6 threads, but 18 % from 4 to 8."""
     curve = {
         1: 30,
         2: 55,
         3: 80,
         4: 100,
-        6: 106,
+        6: 104,
         8: 118,
         12: 135,
         16: 150,
@@ -270,6 +288,84 @@ def test_a_step_that_gains_little_gets_one_more_step() -> None:
     drive(tuner, lambda r: 1e3 * curve[r], 30, clock)
     assert tuner.threads == 16
     assert tuner.history == [4, 6, 8, 12, 16, 24, 32, 16, 12, 16]
+
+
+def test_rates_that_rise_a_little_at_every_rung_are_climbed() -> None:
+    """4 % per rung from 8 threads on (object storage as its requests meet the CPU): no rung pays
+    10 %, but 64 threads deliver 26 % more than 8. The climb goes on over two rungs at a time and
+    the setting kept delivers at least 0.9 of the best."""
+    curve = {1: 20, 2: 40, 3: 60, 4: 75, 6: 90, 8: 100}
+    curve |= {12: 104, 16: 108, 24: 112, 32: 117, 48: 121, 64: 126}
+    tuner, clock = new_tuner(start=2)
+    drive(tuner, lambda r: 1e3 * curve[r], 30, clock)
+    report = tuner.report()
+    assert report.settled and curve[report.threads] >= 0.9 * max(curve.values()), tuner.history
+    assert report.threads >= 32, tuner.history
+
+
+def test_the_way_down_is_not_led_by_a_low_measurement_of_the_best() -> None:
+    """The best measured again in a window that lands low (noise, a neighbour) would let fewer
+    threads pass for a tie: the larger of its two measurements is what fewer must deliver."""
+    curve = {1: 0.5, 2: 0.8, 3: 0.9, 4: 1.0, 6: 1.0, 8: 1.0}
+    tuner, clock = new_tuner(start=2, cap=8)
+
+    def rate(threads: int) -> float:
+        low = tuner._phase == "again"  # the window measuring the best again
+        return 4e4 * curve[threads] * (0.85 if low else 1.0)
+
+    drive(tuner, rate, 20, clock)
+    assert tuner.history == [2, 3, 4, 6, 8, 4, 3, 4], tuner.history
+    assert tuner.threads == 4 and "3 delivered less" in tuner.report().why
+
+
+#: Rows/s per setting of a Zarr store on S3 (moto's server behind a proxy adding 20 ms per
+#: request, 256-row chunks, batches of 256), median of per-epoch rates over 14 s per setting, and
+#: their coefficient of variation: measured on the 2-core development VM with
+#: ``benchmarks/bench_autotune.py``'s store. It rises slowly past 12 threads, and noisily.
+S3_CURVE = {
+    1: (4640, 0.01),
+    2: (8345, 0.04),
+    3: (12675, 0.05),
+    4: (16627, 0.06),
+    6: (21577, 0.06),
+    8: (25620, 0.05),
+    12: (32391, 0.07),
+    16: (36044, 0.06),
+    24: (37912, 0.09),
+    32: (37350, 0.14),
+    48: (40592, 0.12),
+    64: (43857, 0.24),
+}
+
+
+def test_settles_near_the_best_on_the_noisy_curve_of_object_storage() -> None:
+    """With the noise measured on S3 (a new draw every half second, an epoch's time there), the
+    setting kept delivers at least 0.9 of the best that ``bench_autotune.py`` tries (1 to 32
+    threads) in at least 85 of these 100 seeded runs: 89 (91 of 400), where a step of 1.10 and
+    the best's last measurement for the way down gave 73 (75 of 400)."""
+    best = max(S3_CURVE[k][0] for k in (1, 2, 4, 8, 16, 32))
+    near = 0
+    for seed in range(100):
+        tuner = tuned_on_s3(seed)
+        near += S3_CURVE[tuner.threads][0] >= 0.9 * best and tuner.report().settled
+    assert near >= 85
+
+
+def tuned_on_s3(seed: int) -> Tuner:
+    """A tuner driven for 12 s by :data:`S3_CURVE`, its rate drawn anew every half second."""
+    noise = random.Random(seed)
+    tuner, clock = new_tuner(start=2)
+    draw = {"until": -1.0, "threads": 0.0, "rate": 0.0}
+
+    def rate(threads: int) -> float:
+        if clock[0] >= draw["until"] or draw["threads"] != threads:
+            mean, cv = S3_CURVE[threads]
+            draw.update(until=clock[0] + 0.5, threads=threads)
+            draw["rate"] = mean * noise.lognormvariate(0, cv)
+        return draw["rate"]
+
+    drive(tuner, rate, 12, clock)
+    return tuner
 
 
 @settings(max_examples=200, deadline=None)

@@ -15,12 +15,14 @@ climbing a ladder of settings and measuring what reaches the consumer:
    after it (rates that rise slowly, as reads that wait meet the CPU, gain little per step but
    much over two);
 3. then measure the best again and go down from it, measuring each setting below again, while
-   each still delivers :data:`TIE` of what the best delivers now (a tie goes to fewer threads:
+   each still delivers :data:`TIE` of what the best delivers (a tie goes to fewer threads:
    when the consumer sets the pace, more threads only take cores from it). Measuring again after
    a climb cancels a rate that rose while climbing for reasons of its own (caches and
    read-ahead filling in the first seconds): each step up then looked better than it was, and
    the settings below, measured after the rise, are compared with the best measured after it
-   too;
+   too. What the best delivers is the larger of its two measurements: a window that lands low
+   (one in ten, on object storage, by 10-25 %) would otherwise let every setting below it pass
+   for a tie, down to one that delivers much less;
 4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
@@ -71,7 +73,7 @@ WINDOW_SECONDS_MAX = 0.6
 #: :meth:`Tuner.pass_started`): a tenth of a window.
 CARRIED_PAUSE = WINDOW_SECONDS / 10
 #: A step up is kept when it delivers this many times the best rate so far.
-GAIN = 1.10
+GAIN = 1.05
 #: A step up that delivers this many times the best rate so far is followed by a leap of two
 #: rungs (about twice the threads): reads that wait gain nearly in proportion, and a long ladder
 #: climbed a rung at a time would take many windows.
@@ -84,6 +86,16 @@ DRIFT = 0.5
 DRIFT_WINDOWS = 3
 
 
+#: What a tuner that has not settled is doing, by phase (for :attr:`Tuning.why`).
+_DOING = {
+    "warm-up": "measuring the starting setting",
+    "measure": "measuring the starting setting",
+    "up": "trying more threads",
+    "again": "measuring the best so far again",
+    "down": "trying fewer threads",
+}
+
+
 @dataclass(frozen=True)
 class Tuning:
     """What a dataset's reading runs with, and why (see :func:`arrayfeed.tuning`).
@@ -93,7 +105,8 @@ class Tuning:
             more group is requested ahead), as ``num_threads`` would set them.
         tuned: Whether ``threads`` is tuned while reading (False: fixed by ``num_threads``).
         settled: Whether tuning has settled (always True when not tuned).
-        rates: Rows per second delivered at each setting tried, the latest measurement of each.
+        rates: Rows per second delivered at each setting tried, the latest measurement of each
+            (of the best when the climb ended, the larger of its last two: see :class:`Tuner`).
         why: How ``threads`` was chosen, in words.
         settled_after: Seconds of reading (from the first group delivered) until tuning last
             settled; None while it has not.
@@ -153,7 +166,7 @@ class Tuner:
         self._starts = 0
         self._due = False
         self._skip = 0  # groups still to pass uncounted after a move
-        self._why = "fixed by num_threads" if fixed else "measuring the starting setting"
+        self._why = "fixed by num_threads" if fixed else "tuning"
         self._first: float | None = None  # when the first group was delivered
         self._last: float | None = None  # when the latest was
         self._settled_after: float | None = None
@@ -248,12 +261,13 @@ class Tuner:
 
     def report(self) -> Tuning:
         with self._lock:
+            settled = self._phase == "settled"
             return Tuning(
                 threads=self.threads,
                 tuned=not self.fixed,
-                settled=self._phase == "settled",
+                settled=settled,
                 rates=dict(self._rates),
-                why=self._why,
+                why=self._why if settled else f"{self._why}: {_DOING[self._phase]}",
                 settled_after=self._settled_after,
             )
 
@@ -270,6 +284,7 @@ class Tuner:
             self._window_start, self._skip = None, here + 1 + self.ahead
 
     def _climb(self, rate: float, here: int) -> None:
+        before = self._rates.get(here, 0.0)
         self._rates[here] = rate
         best = self._rates.get(self.ladder[self._best], 0.0)
         if self._phase == "measure":
@@ -292,6 +307,7 @@ class Tuner:
             else:
                 self._again()
         elif self._phase == "again":  # the reference of the way down, measured now
+            self._rates[here] = max(rate, before)  # (see the module docstring, 3.)
             self._step("down")
         elif self._phase == "down":  # against a fixed reference, so that ties do not compound
             reference = self._rates[self._down_from]
@@ -354,7 +370,7 @@ class Tuner:
             self._rates.clear()
             self._settled_after = None
             self._phase, self._drifting = "measure", 0
-            self._why = f"tuning again: the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s"
+            self._why = f"tuning again (the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s)"
             self._rates[self.threads] = rate
             self._best, self._leapt, self._filling = self._at, False, False
             self._step("up")
