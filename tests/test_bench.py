@@ -27,6 +27,20 @@ def test_bench_measures_every_mode(tmp_path: Path) -> None:
     assert text.count("threads ") == 3 and "rows/s per setting" in text
 
 
+def test_bench_reads_epoch_after_epoch_for_its_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An epoch of 20,000 small rows takes milliseconds: timed alone, it would time start-up,
+    and the tuner would measure nothing. The bench reads for its seconds, epoch after epoch."""
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)  # 20 groups an epoch
+    np.save(tmp_path / "x.npy", np.arange(20_000 * 4, dtype=np.float32).reshape(-1, 4))
+    report = af.bench({"x": str(tmp_path / "x.npy")}, batch_size=64, seconds=2, modes=("full",))
+    tuned = report.tuning["full"]
+    assert tuned.rates, tuned
+    assert "none yet" not in report.format(), tuned
+
+
 def test_bench_spots_chunks_that_split_rows(tmp_path: Path) -> None:
     with h5py.File(tmp_path / "a.h5", "w") as f:
         f.create_dataset(

@@ -77,10 +77,15 @@ def _timed_pass(
     it = iter(ds)
     next(it)  # start-up (iterator, threads, first read) is not throughput
     rows, start = 0, time.perf_counter()
-    for batch in it:
-        rows += int(batch[first_key].shape[0])
-        if time.perf_counter() - start > seconds:
-            break
+    while True:  # epoch after epoch, as `fit` reads them: one short epoch is not a steady state
+        for batch in it:
+            rows += int(batch[first_key].shape[0])
+            if time.perf_counter() - start > seconds:
+                break
+        else:
+            it = iter(ds)
+            continue
+        break
     elapsed = time.perf_counter() - start
     return (rows / elapsed if elapsed > 0 and rows else 0.0), tuning(ds)
 
@@ -111,8 +116,9 @@ def bench(
     arguments (:func:`arrays_at`): ``"store.zarr:x"`` measures that array alone, a whole HDF5
     file or Zarr group every array in it.
 
-    Each mode reads for at most ``seconds`` (after its first batch). Paths may be URLs, opened
-    with ``storage_options`` (see :func:`arrayfeed.open_array`). Returns a
+    Each mode reads for ``seconds`` after its first batch, epoch after epoch as ``fit`` reads
+    them (a short epoch alone would time its start-up, and give the tuner nothing to measure).
+    Paths may be URLs, opened with ``storage_options`` (see :func:`arrayfeed.open_array`). Returns a
     :class:`BenchReport` whose ``advice`` says which mode to use and whether converting the data
     (``arrayfeed convert``) would pay off.
 
