@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import sys
 import tempfile
@@ -33,7 +32,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scaling as bs  # the data and the feed, as the sweep builds them
 
-from arrayfeed._pipeline import feed as feed_module
 from arrayfeed._pipeline.tuning import Tuner
 
 
@@ -114,16 +112,13 @@ def main(argv: list[str] | None = None) -> None:
         steps = [r["group_steps"] for r in results if r["storage"] == key]
         if len(set(steps)) > 1:
             failed.append(f"{key}: {steps}")
-    cores = feed_module.usable_cores()
-    print(
-        f"\n{cores} usable cores, {platform.processor() or platform.machine()}, numpy {np.__version__}"
-    )
+    machine = bs.machine(None)
+    print(f"\n{machine['usable_cores']} usable cores, {machine['cpu']}, numpy {np.__version__}")
     print(
         "every feed of a storage chooses the groups the first one chose: "
         + ("✓" if not failed else "✗ " + "; ".join(failed))
     )
     if args.json:
-        machine = {"cores": cores, "python": platform.python_version()}
         Path(args.json).write_text(json.dumps({"machine": machine, "runs": results}, indent=1))
 
 

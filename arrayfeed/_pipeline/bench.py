@@ -8,6 +8,7 @@ once, in order), and turns the figures into advice: which ``shuffle`` mode to us
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Mapping
@@ -76,16 +77,13 @@ def _timed_pass(
     first_key = sorted(x)[0]
     it = iter(ds)
     next(it)  # start-up (iterator, threads, first read) is not throughput
+    # Epoch after epoch, as `fit` reads them: one short epoch is not a steady state.
+    epochs = itertools.chain(it, itertools.chain.from_iterable(itertools.repeat(ds)))
     rows, start = 0, time.perf_counter()
-    while True:  # epoch after epoch, as `fit` reads them: one short epoch is not a steady state
-        for batch in it:
-            rows += int(batch[first_key].shape[0])
-            if time.perf_counter() - start > seconds:
-                break
-        else:
-            it = iter(ds)
-            continue
-        break
+    for batch in epochs:
+        rows += int(batch[first_key].shape[0])
+        if time.perf_counter() - start > seconds:
+            break
     elapsed = time.perf_counter() - start
     return (rows / elapsed if elapsed > 0 and rows else 0.0), tuning(ds)
 
@@ -118,9 +116,9 @@ def bench(
 
     Each mode reads for ``seconds`` after its first batch, epoch after epoch as ``fit`` reads
     them (a short epoch alone would time its start-up, and give the tuner nothing to measure).
-    Paths may be URLs, opened with ``storage_options`` (see :func:`arrayfeed.open_array`). Returns a
-    :class:`BenchReport` whose ``advice`` says which mode to use and whether converting the data
-    (``arrayfeed convert``) would pay off.
+    Paths may be URLs, opened with ``storage_options`` (see :func:`arrayfeed.open_array`).
+    Returns a :class:`BenchReport` whose ``advice`` says which mode to use and whether
+    converting the data (``arrayfeed convert``) would pay off.
 
     >>> import numpy as np
     >>> report = bench({"x": np.zeros((5000, 8), np.float32)}, seconds=0.2, modes=("full",))
