@@ -90,6 +90,23 @@ def test_a_dataset_behind_transformations_says_how_it_reads(
     assert af.tuning(mapped).threads == 2
 
 
+@pytest.mark.parametrize("processes", [0, 1])
+def test_short_epochs_through_tf_data_hold_the_setting_and_say_why(processes: int) -> None:
+    """Epochs of two groups through tf.data: each is read ahead whole while the one before is
+    taken and during tf.data's pause between epochs, so each group comes at once and none is
+    counted; the tuner said "measuring the starting setting" for as long as it ran."""
+    x = np.arange(20_000 * 4, dtype=np.float32).reshape(-1, 4)
+    ds = af.from_arrays(x, batch_size=256, shuffle=False, processes=processes)
+    start = af.tuning(ds).threads
+    for _ in range(12):
+        assert sum(int(b.shape[0]) for b in ds) == 20_000
+        if af.tuning(ds).settled:
+            break
+    report = af.tuning(ds)
+    assert report.settled and report.threads == start, report
+    assert report.why.startswith("held: the last 3 passes were each read ahead whole"), report
+
+
 class Pinned(Tuner):
     """A tuned (not fixed) tuner that stays at ``threads``."""
 

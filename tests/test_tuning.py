@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._pipeline.tuning import LADDER, WINDOW_SECONDS, Tuner
+from arrayfeed._pipeline.tuning import LADDER, WHOLE_PASSES, WINDOW_SECONDS, Tuner
 
 #: Seconds one reader thread takes per group: with ``n`` threads a group comes every
 #: ``GROUP_SECONDS / n`` (its rows follow from the rate).
@@ -179,6 +179,73 @@ def test_passes_of_one_group_are_measured_and_settle() -> None:
     report = tuner.report()
     assert report.settled and report.threads == 1, tuner.history
     assert all(v == pytest.approx(20_000) for v in report.rates.values()), report.rates
+
+
+def whole_passes(
+    tuner: Tuner, clock: list[float], passes: int, waited: float, whole: bool = True
+) -> None:
+    """Passes of two groups, each read ahead (``whole``: all of it) while the pass before ended
+    and during a pause of 40 ms after it (tf.data between epochs): the consumer waits
+    ``waited`` seconds for each group, then takes 5 ms with it."""
+    for _ in range(passes):
+        clock[0] += 0.04
+        tuner.pass_started(carried=2, whole=whole)
+        for _ in range(2):
+            clock[0] += waited
+            tuner.delivered(1000, waited=waited)
+            clock[0] += 0.005
+
+
+def test_passes_read_ahead_whole_that_the_consumer_does_not_wait_for_hold_the_setting() -> None:
+    """Every group of such passes comes at once and is not counted: no window ever closes (the
+    tuner said "measuring the starting setting" forever). Reading keeps ahead of the consumer,
+    and more threads would not bring a group sooner: the setting holds, and says why."""
+    tuner, clock = new_tuner(start=2)
+    tuner.pass_started()  # the first pass reads none ahead
+    for _ in range(2):
+        clock[0] += 0.005
+        tuner.delivered(1000)
+    whole_passes(tuner, clock, WHOLE_PASSES, waited=0.0)
+    assert not tuner.report().settled  # the last pass is judged when the next starts
+    last = clock[0] - 0.005  # its last group
+    whole_passes(tuner, clock, 1, waited=0.0)
+    report = tuner.report()
+    assert report.settled and report.threads == 2 and tuner.history == [2], tuner.history
+    assert report.why.startswith("held: the last 3 passes were each read ahead whole"), report
+    assert report.settled_after == pytest.approx(last - 0.005, abs=1e-9)  # from the first group
+
+
+@pytest.mark.parametrize(
+    ("waited", "whole", "held"),
+    [
+        (0.0, True, True),
+        (0.001, True, True),  # 2 ms of a pass of 52 ms
+        (0.01, True, False),  # 20 ms of 70: reading does not keep ahead
+        (0.0, False, False),  # part of each pass asked for after it started
+    ],
+)
+def test_passes_hold_the_setting_only_when_asked_for_whole_and_hardly_waited_for(
+    waited: float, whole: bool, held: bool
+) -> None:
+    tuner, clock = new_tuner(start=2)
+    whole_passes(tuner, clock, 10, waited, whole)
+    assert tuner.report().settled is held
+    assert tuner.report().why.startswith("held") is held
+
+
+def test_a_held_setting_is_watched_from_its_first_measurement() -> None:
+    """Held before it measured anything, then passes no longer read ahead (a consumer that got
+    fast): the first window's rate is the one watched, and a rate that moves later is tuned
+    again from there (no setting chosen at a rate of its own is needed)."""
+    tuner, clock = new_tuner(start=2)
+    whole_passes(tuner, clock, WHOLE_PASSES + 1, waited=0.0)
+    assert tuner.report().settled and tuner.report().rates == {}
+    tuner.pass_started()
+    drive(tuner, lambda r: 1e4 * min(r, 2), 2, clock)
+    report = tuner.report()
+    assert report.settled and report.threads == 2 and report.rates.keys() == {2}, report
+    drive(tuner, lambda r: 1e3 * min(r, 32), 60, clock)  # the storage got slow
+    assert tuner.report().threads == 32 and tuner.report().settled, tuner.history
 
 
 def test_groups_decoded_ahead_are_not_counted_after_a_move() -> None:

@@ -306,9 +306,11 @@ def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, Non
     the pass over that epoch starts from them. A pass cut short drops them."""
     tuner, batch = feed.tuner, feed.plan.batch_size
     reading = feed.ahead.take(epoch, start_step)
-    tuner.pass_started(carried=len(reading.pending) if reading is not None else 0)
     if reading is None:
+        tuner.pass_started()
         reading = EpochPass(feed, epoch, start_step).plan()
+    else:
+        tuner.pass_started(carried=len(reading.pending), whole=not reading.todo)
     began, after, kept = time.perf_counter(), None, None
     follow = True  # until the next epoch is read ahead, or cannot be
     try:
@@ -327,8 +329,9 @@ def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, Non
                 except Exception:  # as above (what it submitted ends with the threads)
                     after = None
             steps, future = reading.pending.popleft()
+            asked = time.perf_counter()
             group = future.result()
-            tuner.delivered(steps * batch)
+            tuner.delivered(steps * batch, waited=time.perf_counter() - asked)
             yield group
         feed.ahead.last_seconds = time.perf_counter() - began
         kept, after = after, None

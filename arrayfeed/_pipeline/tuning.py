@@ -28,7 +28,13 @@ climbing a ladder of settings and measuring what reaches the consumer:
 
 After a move, the groups asked for at the setting before (and those of a window decoded ahead,
 ``ahead``) are not counted; a window in which a pass starts ends with that pass (see
-:meth:`Tuner.pass_started`), and the time between passes is not counted.
+:meth:`Tuner.pass_started`), and the time between passes is not counted. Short passes are read ahead
+whole (see :func:`~.readers.read_pass`); behind a consumer that pauses between them, as tf.data
+does between epochs, each pass's groups come at once and no window would ever close. When
+:data:`WHOLE_PASSES` passes in a row were each asked for whole before they started and the
+consumer spent less than :data:`WAITED_SHARE` of each waiting for their groups, a tuner that has
+not settled holds its setting: reading keeps ahead of the consumer, and more threads would not
+bring a group sooner.
 
 The rate is measured where batches are consumed, so it counts everything in the way (reads,
 decoding, ``map_batch``, the loader's hand-over, the consumer itself). A setting of ``n`` threads
@@ -55,6 +61,8 @@ __all__ = [
     "LADDER",
     "LEAP",
     "TIE",
+    "WAITED_SHARE",
+    "WHOLE_PASSES",
     "WINDOW_SECONDS",
     "WINDOW_SECONDS_MAX",
     "Tuner",
@@ -87,6 +95,11 @@ TIE = 0.95
 #: of the rate it was chosen at, for :data:`DRIFT_WINDOWS` windows in a row.
 DRIFT = 0.5
 DRIFT_WINDOWS = 3
+#: Passes in a row asked for whole before they started, in which the consumer waited for less
+#: than :data:`WAITED_SHARE` of the pass's time, after which a tuner that has not settled holds
+#: its setting (see the module docstring).
+WHOLE_PASSES = 3
+WAITED_SHARE = 0.1
 
 
 #: What a tuner that has not settled is doing, by phase (for :attr:`Tuning.why`).
@@ -158,6 +171,10 @@ class Tuner:
         self._leapt = False  # the last step up was a leap of two rungs
         self._filling = False  # measuring the rung that leap skipped
         self._drifting = 0
+        self._whole = 0  # passes in a row asked for whole and taken with little waiting
+        # The pass under way: when it started, whether it was asked for whole, seconds waited.
+        self._pass: tuple[float, bool] | None = None
+        self._waited = 0.0
         # The window being measured: since when (pauses between passes left out), since when by
         # the clock, rows and groups delivered in it, pass starts in it, and whether it has
         # lasted long enough and ends with the pass.
@@ -181,7 +198,7 @@ class Tuner:
         """Groups to read at once now (and one more to request ahead)."""
         return self.ladder[self._at]
 
-    def pass_started(self, carried: int = 0) -> None:
+    def pass_started(self, carried: int = 0, whole: bool = False) -> None:
         """A pass starts (an epoch, or a validation run). The time since the last group (the
         consumer between passes, or paused) is not counted. A window that has lasted long
         enough, with a pass start in it, ends here: on short epochs windows hold whole passes,
@@ -192,7 +209,8 @@ class Tuner:
         ``carried``: groups of this pass already asked for, read ahead while the pass before
         ended (see :func:`~.readers.read_pass`). After a pause longer than :data:`CARRIED_PAUSE`
         they are not counted (read while nothing was measured, they come at once), nor, after a
-        move, those asked for before it."""
+        move, those asked for before it. ``whole``: all of this pass's groups were among them
+        (see the module docstring and :meth:`delivered`)."""
         if self.fixed:
             return
         with self._lock:
@@ -205,7 +223,15 @@ class Tuner:
             self._skip = min(self._skip, carried)
             if carried and pause > CARRIED_PAUSE:
                 self._skip = carried
-            if self._window_start is None:
+            if self._pass is not None:  # the pass before: whole, and taken with little waiting?
+                began, was_whole = self._pass
+                ahead = was_whole and self._waited <= WAITED_SHARE * (now - began)
+                self._whole = self._whole + 1 if ahead else 0
+            self._pass, self._waited = (now, carried > 0 and whole), 0.0
+            held = self._whole >= WHOLE_PASSES and self._phase != "settled"
+            if held:
+                self._hold()
+            if self._window_start is None or held:  # (what it holds may be from long ago)
                 self._open(now)
             else:  # the pause since the last group, or pass start
                 self._leave_out(pause)
@@ -213,12 +239,14 @@ class Tuner:
             if self._phase != "warm-up":  # (the first window is not counted anyway)
                 self._starts += 1
 
-    def delivered(self, rows: int) -> None:
-        """Count a group of ``rows`` handed to the consumer; may change :attr:`threads`."""
+    def delivered(self, rows: int, waited: float = 0.0) -> None:
+        """Count a group of ``rows`` handed to the consumer, which waited ``waited`` seconds
+        for it; may change :attr:`threads`."""
         if self.fixed:
             return
         with self._lock:  # groups of concurrent passes may be delivered by several threads
             now, before = self._clock(), self._last
+            self._waited += waited
             self._last = now
             if self._first is None:
                 self._first = now
@@ -363,8 +391,21 @@ class Tuner:
             self._settled_after = self._last - self._first
         self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
 
+    def _hold(self) -> None:
+        """Hold the setting: reading keeps ahead of the consumer (see the module docstring)."""
+        self._best, self._phase, self._drifting = self._at, "settled", 0
+        if self._first is not None and self._last is not None:
+            self._settled_after = self._last - self._first
+        self._why = (
+            f"held: the last {self._whole} passes were each read ahead whole, the consumer "
+            "hardly waiting for them: more threads would not bring a group sooner"
+        )
+
     def _watch(self, rate: float) -> None:
-        chosen = self._rates[self.threads]
+        chosen = self._rates.get(self.threads)
+        if chosen is None:  # held before it was measured: watch from this rate on
+            self._rates[self.threads] = rate
+            return
         if chosen * (1 - DRIFT) <= rate <= chosen / (1 - DRIFT):
             self._drifting = 0
             return

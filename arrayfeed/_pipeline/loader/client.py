@@ -272,7 +272,7 @@ class RemoteFeed:
         asked = self._take_ahead(epoch, start_step) or self._start(feed, epoch, start_step)
         del feed
         tuner, after, kept, follow = self.tuner, None, None, True
-        tuner.pass_started(carried=asked.asked)
+        tuner.pass_started(carried=asked.asked, whole=asked.asked == len(asked.todo))
         began = time.perf_counter()
         try:
             for first, stop in asked.todo:
@@ -283,7 +283,9 @@ class RemoteFeed:
                     after, follow = self._follow(epoch, began), False
                 if after is not None:  # within the same groups in flight
                     self._ask(after, threads, wanted, asked.in_flight + after.in_flight)
+                waiting = time.perf_counter()
                 message = self._await(asked.token, first, asked.link(first))
+                waited = time.perf_counter() - waiting
                 asked.in_flight -= 1
                 if isinstance(message, Raised):
                     with self._cond:
@@ -291,7 +293,7 @@ class RemoteFeed:
                     raise message.error.raised_here()
                 with self._cond:
                     arrays = self.slots.lend(message.slot, message.arrays)
-                tuner.delivered((stop - first) * batch)
+                tuner.delivered((stop - first) * batch, waited=waited)
                 yield treedef.unflatten(arrays)
                 del arrays
             kept, after = after, None
