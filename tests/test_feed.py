@@ -159,7 +159,7 @@ def test_tuned_threads_may_read_ahead_more_on_many_cores(
     # 16 cores tuning may read 1 GiB ahead (64 MiB per core): 19 groups and the one requested;
     # not with 4 GiB of memory (a sixteenth of it, 256 MiB, is less).
     monkeypatch.setattr("arrayfeed._pipeline.feed.usable_cores", lambda: cores)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.physical_memory", lambda: memory_gib << 30)
+    monkeypatch.setattr("arrayfeed._pipeline.feed.usable_memory", lambda: memory_gib << 30)
     rows = np.zeros((40_000, 12_288), np.uint8)  # untouched zero pages
     _, treedef = flatten(rows, lambda v: isinstance(v, np.ndarray))
     plan = Plan(n_rows=len(rows), batch_size=256)

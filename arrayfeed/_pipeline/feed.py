@@ -34,6 +34,7 @@ from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sourc
 from .blocks import WindowCache
 from .indexblocks import EpochIndices
 from .loader.client import RemoteFeed
+from .machine import usable_cores, usable_memory
 from .mapbatch import Contract, LeafSpec, probe
 from .plan import Plan, check_position
 from .read import Allocator, BufferPool, read_rows
@@ -63,8 +64,9 @@ READ_AHEAD_BYTES = 256 << 20
 #: Bytes of groups of cheap reads (see :data:`MAX_GROUP_BYTES`) that tuned threads may read ahead,
 #: per usable core, when that comes to more than :data:`READ_AHEAD_BYTES`: on 16 cores
 #: memory-bound reads peak at 8-16 threads, and 256 MiB holds 4 of their 51 MiB groups
-#: (docs/performance.md, "Tuning reader threads"). At most a sixteenth of the machine's memory.
-#: Other groups are 16 MiB or less, and 256 MiB holds 15 of them already.
+#: (docs/performance.md, "Tuning reader threads"). At most a sixteenth of the memory this
+#: process may use (within a container's limit: :mod:`.machine`). Other groups are 16 MiB or
+#: less, and 256 MiB holds 15 of them already.
 TUNED_READ_AHEAD_PER_CORE = 64 << 20
 #: Upper bound on batches per group.
 MAX_GROUP_STEPS = 1024
@@ -83,15 +85,6 @@ GROUP_WAIT_SECONDS = 0.05
 _INDEX = np.dtype(np.int64)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity: a Slurm task or a container may get
-    fewer than the machine has), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # no affinity on this platform
-        return max(1, os.cpu_count() or 1)
-
-
 #: Most reader threads by default when they only read: on many cores reads peak at a few threads
 #: and fall beyond, as every hand-off between threads costs more there (docs/performance.md,
 #: "Default reader threads").
@@ -101,18 +94,10 @@ READ_THREADS = 4
 MAP_THREADS = 8
 
 
-def physical_memory() -> int | None:
-    """Bytes of memory the machine has, or None where that cannot be asked."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):  # no sysconf on this platform
-        return None
-
-
 def tuned_read_ahead() -> int:
     """Bytes of groups tuned threads may read ahead (see :data:`TUNED_READ_AHEAD_PER_CORE`)."""
     per_cores = TUNED_READ_AHEAD_PER_CORE * usable_cores()
-    memory = physical_memory()
+    memory = usable_memory()
     if memory is not None:
         per_cores = min(per_cores, memory // 16)
     return max(READ_AHEAD_BYTES, per_cores)
