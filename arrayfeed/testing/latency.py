@@ -22,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Callable
 from types import TracebackType
 
 __all__ = ["LatencyProxy"]
+
+_METHODS = {b"GET", b"HEAD", b"PUT", b"POST", b"DELETE", b"OPTIONS", b"PATCH"}
 
 
 class LatencyProxy:
@@ -38,6 +41,9 @@ class LatencyProxy:
         self.port = port
         #: Pieces held so far (one per request, for requests that fit one read).
         self.held = 0
+        #: Requests seen so far by HTTP method (``GET``, ``HEAD``...): pieces that begin with one
+        #: (a request without a body, or its headers, is one piece).
+        self.requests: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()  # of connections open
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,6 +119,9 @@ class LatencyProxy:
             while data := await reader.read(1 << 20):
                 if delay:
                     self.held += 1
+                    method = data[:8].split(b" ", 1)[0]
+                    if method in _METHODS:
+                        self.requests[method.decode()] += 1
                     await asyncio.sleep(delay)
                 writer.write(data)
                 await writer.drain()

@@ -11,6 +11,7 @@ thread. :func:`sync_filesystem` gives the filesystem such fetches run on.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import pickle
 import random
@@ -23,7 +24,15 @@ from typing import Any
 
 from .errors import missing_object, remote_error, transient
 
-__all__ = ["ATTEMPTS", "BACKOFF", "CACHE_BYTES", "IN_FLIGHT", "Fetcher", "sync_filesystem"]
+__all__ = [
+    "ATTEMPTS",
+    "BACKOFF",
+    "CACHE_BYTES",
+    "IN_FLIGHT",
+    "Fetcher",
+    "sync_filesystem",
+    "whole_object",
+]
 
 #: Requests one :class:`Fetcher` keeps in flight at most.
 IN_FLIGHT = 64
@@ -51,6 +60,18 @@ def sync_filesystem(fs: Any) -> Any:
         config.setdefault("max_pool_connections", IN_FLIGHT)
         options["config_kwargs"] = config
     return type(fs)(**options)
+
+
+def whole_object(fs: Any) -> dict[str, Any]:
+    """Keyword arguments that make ``fs.cat_file`` one request for the whole object, whatever
+    ``fs`` was made with (a Zarr array the user opened: see
+    :func:`~.paths.open_options`, which makes the filesystems of URLs so)."""
+    cat = getattr(fs, "_cat_file", None) or getattr(fs, "cat_file", None)
+    try:
+        accepted = inspect.signature(cat).parameters if cat is not None else {}
+    except (TypeError, ValueError):  # no signature to read
+        accepted = {}
+    return {"max_concurrency": 1} if "max_concurrency" in accepted else {}
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -85,6 +106,7 @@ class Fetcher:
     def __init__(self, fs: Any, root: str, url: str, *, in_flight: int = IN_FLIGHT) -> None:
         self.fs, self.root, self.url, self.in_flight = fs, root.rstrip("/"), url, in_flight
         self.cache_bytes = cache_bytes()
+        self._whole = whole_object(fs)
         self._reset()
 
     def _reset(self) -> None:
@@ -181,7 +203,7 @@ class Fetcher:
         for attempt in range(ATTEMPTS):
             try:
                 async with self._semaphore:
-                    data = await self.fs._cat_file(path)
+                    data = await self.fs._cat_file(path, **self._whole)
                 return data if isinstance(data, bytes) else bytes(data)
             except Exception as exc:
                 if missing_object(exc):
@@ -194,7 +216,7 @@ class Fetcher:
     def _get_sync(self, path: str, key: str) -> bytes | None:
         for attempt in range(ATTEMPTS):
             try:
-                data = self.fs.cat_file(path)
+                data = self.fs.cat_file(path, **self._whole)
                 return data if isinstance(data, bytes) else bytes(data)
             except Exception as exc:
                 if missing_object(exc):
