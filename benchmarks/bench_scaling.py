@@ -938,10 +938,12 @@ def machine(tf: Any) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    from arrayfeed._pipeline.machine import usable_cores, usable_memory
+
     return {
         "cores": os.cpu_count(),
-        "usable_cores": affinity,
+        "usable_cores": usable_cores(),  # affinity, within a container's CPU quota
+        "usable_memory": usable_memory(),  # bytes, within a container's memory limit
         "cpu": cpu,
         "gpu": jax_gpu(),
         **versions(tf),
