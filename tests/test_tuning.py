@@ -182,13 +182,18 @@ def test_passes_of_one_group_are_measured_and_settle() -> None:
 
 
 def whole_passes(
-    tuner: Tuner, clock: list[float], passes: int, waited: float, whole: bool = True
+    tuner: Tuner,
+    clock: list[float],
+    passes: int,
+    waited: float,
+    whole: bool = True,
+    pause: float = 0.04,
 ) -> None:
     """Passes of two groups, each read ahead (``whole``: all of it) while the pass before ended
-    and during a pause of 40 ms after it (tf.data between epochs): the consumer waits
+    and during a ``pause`` after it (40 ms: tf.data between epochs): the consumer waits
     ``waited`` seconds for each group, then takes 5 ms with it."""
     for _ in range(passes):
-        clock[0] += 0.04
+        clock[0] += pause
         tuner.pass_started(carried=2, whole=whole)
         for _ in range(2):
             clock[0] += waited
@@ -216,36 +221,48 @@ def test_passes_read_ahead_whole_that_the_consumer_does_not_wait_for_hold_the_se
 
 
 @pytest.mark.parametrize(
-    ("waited", "whole", "held"),
+    ("waited", "whole", "pause", "held"),
     [
-        (0.0, True, True),
-        (0.001, True, True),  # 2 ms of a pass of 52 ms
-        (0.01, True, False),  # 20 ms of 70: reading does not keep ahead
-        (0.0, False, False),  # part of each pass asked for after it started
+        (0.0, True, 0.04, True),
+        (0.0002, True, 0.04, True),  # 0.4 ms of the 5.4 ms to its last group
+        (0.01, True, 0.04, False),  # 20 ms of 25: reading does not keep ahead
+        (0.05, True, 10.0, False),  # 100 ms of 105, then 10 s away: the pause is not its time
+        (0.0, False, 0.04, False),  # part of each pass asked for after it started
     ],
 )
 def test_passes_hold_the_setting_only_when_asked_for_whole_and_hardly_waited_for(
-    waited: float, whole: bool, held: bool
+    waited: float, whole: bool, pause: float, held: bool
 ) -> None:
     tuner, clock = new_tuner(start=2)
-    whole_passes(tuner, clock, 10, waited, whole)
+    whole_passes(tuner, clock, 10, waited, whole, pause)
     assert tuner.report().settled is held
     assert tuner.report().why.startswith("held") is held
 
 
 def test_a_held_setting_is_watched_from_its_first_measurement() -> None:
-    """Held before it measured anything, then passes no longer read ahead (a consumer that got
-    fast): the first window's rate is the one watched, and a rate that moves later is tuned
-    again from there (no setting chosen at a rate of its own is needed)."""
+    """Held, while passes are still read ahead whole and taken unwaited for, but now counted
+    (they follow each other at once): the first window's rate is the one watched."""
     tuner, clock = new_tuner(start=2)
     whole_passes(tuner, clock, WHOLE_PASSES + 1, waited=0.0)
     assert tuner.report().settled and tuner.report().rates == {}
-    tuner.pass_started()
-    drive(tuner, lambda r: 1e4 * min(r, 2), 2, clock)
+    whole_passes(tuner, clock, 200, waited=0.0, pause=0.0)
     report = tuner.report()
-    assert report.settled and report.threads == 2 and report.rates.keys() == {2}, report
-    drive(tuner, lambda r: 1e3 * min(r, 32), 60, clock)  # the storage got slow
-    assert tuner.report().threads == 32 and tuner.report().settled, tuner.history
+    assert report.settled and report.why.startswith("held"), report
+    assert tuner.history == [2] and report.rates.keys() == {2}, report
+
+
+def test_a_held_setting_is_tuned_again_once_reading_no_longer_keeps_ahead() -> None:
+    """Held, then reading sets the pace (the consumer got faster than the reads, which now wait
+    for storage): more threads deliver more, and the tuner climbs to them."""
+    tuner, clock = new_tuner(start=2)
+    whole_passes(tuner, clock, WHOLE_PASSES + 1, waited=0.0)
+    assert tuner.report().settled
+    whole_passes(tuner, clock, 1, waited=0.05)  # the consumer waited for this pass
+    tuner.pass_started()
+    assert tuner.report().why.startswith("tuning again (passes are no longer read ahead")
+    drive(tuner, lambda r: 1e3 * min(r, 32), 60, clock)
+    report = tuner.report()
+    assert report.settled and report.threads == 32, tuner.history
 
 
 def test_groups_decoded_ahead_are_not_counted_after_a_move() -> None:

@@ -32,9 +32,10 @@ After a move, the groups asked for at the setting before (and those of a window 
 whole (see :func:`~.readers.read_pass`); behind a consumer that pauses between them, as tf.data
 does between epochs, each pass's groups come at once and no window would ever close. When
 :data:`WHOLE_PASSES` passes in a row were each asked for whole before they started and the
-consumer spent less than :data:`WAITED_SHARE` of each waiting for their groups, a tuner that has
-not settled holds its setting: reading keeps ahead of the consumer, and more threads would not
-bring a group sooner.
+consumer spent less than :data:`WAITED_SHARE` of each (from its start to its last group)
+waiting for their groups, a tuner that has not settled holds its setting: reading keeps ahead of
+the consumer, and more threads would not bring a group sooner. It measures from there as soon as
+a pass is not so (the consumer waited, or part of the pass was asked for after it started).
 
 The rate is measured where batches are consumed, so it counts everything in the way (reads,
 decoding, ``map_batch``, the loader's hand-over, the consumer itself). A setting of ``n`` threads
@@ -172,6 +173,7 @@ class Tuner:
         self._filling = False  # measuring the rung that leap skipped
         self._drifting = 0
         self._whole = 0  # passes in a row asked for whole and taken with little waiting
+        self._held = False  # settled by :meth:`_hold`, not by measuring
         # The pass under way: when it started, whether it was asked for whole, seconds waited.
         self._pass: tuple[float, bool] | None = None
         self._waited = 0.0
@@ -225,14 +227,20 @@ class Tuner:
                 self._skip = carried
             if self._pass is not None:  # the pass before: whole, and taken with little waiting?
                 began, was_whole = self._pass
-                ahead = was_whole and self._waited <= WAITED_SHARE * (now - began)
+                taking = max(0.0, (self._last or began) - began)  # to its last group: no pause
+                ahead = was_whole and self._waited <= WAITED_SHARE * taking
                 self._whole = self._whole + 1 if ahead else 0
             self._pass, self._waited = (now, carried > 0 and whole), 0.0
             held = self._whole >= WHOLE_PASSES and self._phase != "settled"
             if held:
                 self._hold()
-            if self._window_start is None or held:  # (what it holds may be from long ago)
-                self._open(now)
+            retune = self._held and not self._whole and not held
+            if retune:  # reading no longer keeps ahead: measure from here
+                self._held, self._phase, self._settled_after = False, "measure", None
+                self._rates.clear()
+                self._why = "tuning again (passes are no longer read ahead whole unwaited for)"
+            if self._window_start is None or held or retune:
+                self._open(now)  # (what it holds may be from long ago)
             else:  # the pause since the last group, or pass start
                 self._leave_out(pause)
             self._mark = now
@@ -393,7 +401,7 @@ class Tuner:
 
     def _hold(self) -> None:
         """Hold the setting: reading keeps ahead of the consumer (see the module docstring)."""
-        self._best, self._phase, self._drifting = self._at, "settled", 0
+        self._best, self._phase, self._drifting, self._held = self._at, "settled", 0, True
         if self._first is not None and self._last is not None:
             self._settled_after = self._last - self._first
         self._why = (
@@ -413,7 +421,7 @@ class Tuner:
         if self._drifting >= DRIFT_WINDOWS:  # something changed: tune again from here
             self._rates.clear()
             self._settled_after = None
-            self._phase, self._drifting = "measure", 0
+            self._phase, self._drifting, self._held = "measure", 0, False
             self._why = f"tuning again (the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s)"
             self._rates[self.threads] = rate
             self._best, self._leapt, self._filling = self._at, False, False
