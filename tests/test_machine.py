@@ -28,27 +28,44 @@ def machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def tree(root: Path, files: dict[str, str], listing: str) -> tuple[Path, Path]:
-    """A cgroup mount at ``root/sys`` holding ``files``, and ``/proc/self/cgroup`` saying
-    ``listing``."""
+def tree(
+    tmp: Path, files: dict[str, str], listing: str, mounts: list[tuple[str, str, str]]
+) -> tuple[Path, Path]:
+    """Cgroup hierarchies mounted under ``tmp/sys`` holding ``files``; ``/proc/self/cgroup``
+    saying ``listing``; ``/proc/self/mountinfo`` listing ``mounts`` (root, mount point under
+    ``tmp/sys``, type and super options) among others, as Linux writes it."""
     for name, text in files.items():
-        path = root / "sys" / name
+        path = tmp / "sys" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
-    (root / "sys").mkdir(exist_ok=True)
-    (root / "cgroup").write_text(listing)
-    return root / "sys", root / "cgroup"
+    lines = [
+        "22 1 259:1 / / rw,relatime shared:1 - ext4 /dev/root rw",
+        f"31 22 0:28 / {tmp}/sys rw,nosuid shared:9 - tmpfs tmpfs rw,mode=755",
+    ]
+    for i, (root, point, kind) in enumerate(mounts):
+        (tmp / "sys" / point).mkdir(parents=True, exist_ok=True)
+        fstype, options = kind.split(" ", 1) if " " in kind else (kind, "rw")
+        lines.append(
+            f"{40 + i} 31 0:{40 + i} {root} {tmp}/sys/{point}".rstrip("/")
+            + f" rw,nosuid,nodev,noexec shared:{10 + i} - {fstype} {fstype} {options}"
+        )
+    (tmp / "cgroup").write_text(listing)
+    (tmp / "mountinfo").write_text("\n".join(lines) + "\n")
+    return tmp / "cgroup", tmp / "mountinfo"
+
+
+V2 = [("/", "", "cgroup2 rw,nsdelegate")]
+V1 = [
+    ("/", "cpu,cpuacct", "cgroup rw,cpu,cpuacct"),  # (no "cpu" link beside it)
+    ("/", "memory", "cgroup rw,memory"),
+]
 
 
 def test_a_container_with_its_own_cgroup_v2_namespace(tmp_path: Path) -> None:
     """Docker on cgroup v2 (`--cpus=1.5 --memory=2g`): the listing says `/`, the limits are at
     the mount's root. 1.5 cores round up to 2."""
-    files = {
-        "cgroup.controllers": "cpu memory",
-        "cpu.max": "150000 100000",
-        "memory.max": "2147483648",
-    }
-    where = tree(tmp_path, files, "0::/\n")
+    files = {"cpu.max": "150000 100000", "memory.max": "2147483648"}
+    where = tree(tmp_path, files, "0::/\n", V2)
     assert machine.usable_cores(*where) == min(affinity(), 2)
     assert machine.usable_memory(*where) == min(machine_memory(), 2 * GIB)
 
@@ -58,56 +75,92 @@ def test_limits_set_above_the_process_cgroup_bind_too(tmp_path: Path) -> None:
     cgroup (the process's own) none; the least of the quotas on the way up binds."""
     job = "system.slice/slurmstepd.scope/job_7"
     files = {
-        "cgroup.controllers": "cpu memory",
         f"{job}/memory.max": str(3 * GIB),
         f"{job}/cpu.max": "400000 100000",
         f"{job}/step_0/memory.max": "max",
         f"{job}/step_0/cpu.max": "max 100000",
         f"{job}/step_0/user/task_0/cgroup.procs": "",
         "system.slice/cpu.max": "100000 100000",  # the slice above the job: one core
+        "other.slice/memory.max": "1",  # another branch: not this process's
     }
-    where = tree(tmp_path, files, f"0::/{job}/step_0/user/task_0\n")
+    where = tree(tmp_path, files, f"0::/{job}/step_0/user/task_0\n", V2)
     assert machine.usable_memory(*where) == min(machine_memory(), 3 * GIB)
-    assert machine.usable_cores(*where) == 1  # the slice above the job allows one core
+    assert machine.usable_cores(*where) == 1
 
 
 def test_a_cgroup_v1_container(tmp_path: Path) -> None:
-    """Docker on cgroup v1: the listing names the container's path, which is not under the
-    mounts (each mount's root is the container's own cgroup)."""
+    """Docker on cgroup v1: the listing names the container's cgroup, which mountinfo says is
+    each mount's root; the CPU controller mounted as `cpu,cpuacct` only."""
     files = {
         "memory/memory.limit_in_bytes": str(GIB),
-        "cpu/cpu.cfs_quota_us": "50000",
-        "cpu/cpu.cfs_period_us": "100000",
+        "cpu,cpuacct/cpu.cfs_quota_us": "50000",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000",
     }
-    listing = "12:memory:/docker/4f1c\n4:cpu,cpuacct:/docker/4f1c\n0::/\n"
-    where = tree(tmp_path, files, listing)
+    listing = "12:memory:/docker/4f1c\n4:cpu,cpuacct:/docker/4f1c\n1:name=systemd:/docker/4f1c\n"
+    mounts = [("/docker/4f1c", point, kind) for _, point, kind in V1]
+    where = tree(tmp_path, files, listing, mounts)
     assert machine.usable_cores(*where) == 1  # half a core: one
     assert machine.usable_memory(*where) == min(machine_memory(), GIB)
 
 
+def test_a_cgroup_v1_job_without_a_namespace(tmp_path: Path) -> None:
+    """cgroup v1, mounts at the hierarchy's root, the process in a nested cgroup (as a batch
+    system places a job's processes): the limits of its own cgroup and those above it."""
+    files = {
+        "memory/jobs/memory.limit_in_bytes": str(2 * GIB),
+        "memory/jobs/42/memory.limit_in_bytes": "9223372036854771712",  # none of its own
+        "cpu,cpuacct/jobs/42/cpu.cfs_quota_us": "300000",
+        "cpu,cpuacct/jobs/42/cpu.cfs_period_us": "100000",
+    }
+    listing = "12:memory:/jobs/42\n4:cpu,cpuacct:/jobs/42\n0::/\n"
+    where = tree(tmp_path, files, listing, V1)
+    assert machine.usable_cores(*where) == min(affinity(), 3)
+    assert machine.usable_memory(*where) == min(machine_memory(), 2 * GIB)
+
+
 @pytest.mark.parametrize(
-    "files",
+    ("files", "mounts"),
     [
-        {},  # no cgroups (macOS, or not mounted)
-        {
-            "memory/memory.limit_in_bytes": "9223372036854771712",
-            "cpu/cpu.cfs_quota_us": "-1",
-            "cpu/cpu.cfs_period_us": "100000",
-        },  # v1 without limits (what it says then)
-        {"cgroup.controllers": "", "cpu.max": "max 100000", "memory.max": "max"},  # v2, none
-        {"cpu.max": "garbage", "memory.max": "", "cpu/cpu.cfs_quota_us": "x"},  # unreadable
+        ({}, []),  # no cgroups (macOS, or not mounted)
+        (
+            {
+                "memory/memory.limit_in_bytes": "9223372036854771712",
+                "cpu,cpuacct/cpu.cfs_quota_us": "-1",
+                "cpu,cpuacct/cpu.cfs_period_us": "100000",
+            },
+            V1,
+        ),  # v1 without limits (what it says then)
+        ({"cpu.max": "max 100000", "memory.max": "max"}, V2),  # v2, none
+        ({"cpu.max": "garbage", "memory.max": ""}, V2),  # unreadable v2
+        ({"cpu,cpuacct/cpu.cfs_quota_us": "x", "memory/memory.limit_in_bytes": "-"}, V1),
     ],
-    ids=["none", "v1-unlimited", "v2-unlimited", "unreadable"],
+    ids=["none", "v1-unlimited", "v2-unlimited", "v2-unreadable", "v1-unreadable"],
 )
-def test_no_quota_leaves_the_machine(tmp_path: Path, files: dict[str, str]) -> None:
-    where = tree(tmp_path, files, "12:memory:/\n4:cpu,cpuacct:/\n0::/\n")
+def test_no_quota_leaves_the_machine(
+    tmp_path: Path, files: dict[str, str], mounts: list[tuple[str, str, str]]
+) -> None:
+    where = tree(tmp_path, files, "12:memory:/\n4:cpu,cpuacct:/\n0::/\n", mounts)
     assert machine.usable_cores(*where) == affinity()
     assert machine.usable_memory(*where) == machine_memory()
 
 
-def test_a_missing_listing_leaves_the_machine(tmp_path: Path) -> None:
-    assert machine.usable_cores(tmp_path, tmp_path / "none") == affinity()
-    assert machine.usable_memory(tmp_path, tmp_path / "none") == machine_memory()
+def test_missing_or_forbidden_files_leave_the_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No listing or mountinfo (another system), or a sandbox that refuses to show the cgroup
+    files (`PermissionError` on stat, as gVisor or SELinux may): the machine's figures, no
+    error (a dataset is built on them)."""
+    assert machine.usable_cores(tmp_path / "none", tmp_path / "none") == affinity()
+    assert machine.usable_memory(tmp_path / "none", tmp_path / "none") == machine_memory()
+    where = tree(tmp_path, {"cpu.max": "100000 100000"}, "0::/\n", V2)
+    assert machine.usable_cores(*where) == 1
+
+    def refused(self: Path, *args: object, **kwargs: object) -> bool:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "is_dir", refused)
+    assert machine.usable_cores(*where) == affinity()
+    assert machine.usable_memory(*where) == machine_memory()
 
 
 def test_in_a_small_container_reading_ahead_and_loaders_follow_its_quotas(
@@ -116,14 +169,10 @@ def test_in_a_small_container_reading_ahead_and_loaders_follow_its_quotas(
     """In a container allowed one core and 1 GiB of a machine with more, tuning reads ahead at
     most a sixteenth of 1 GiB (READ_AHEAD_BYTES, the floor, is more), and files are read in
     this process: a loader process would share the one core with the training loop."""
-    files = {
-        "cgroup.controllers": "cpu memory",
-        "cpu.max": "100000 100000",
-        "memory.max": str(GIB),
-    }
-    root, listing = tree(tmp_path, files, "0::/\n")
-    monkeypatch.setattr(machine, "CGROUP_ROOT", root)
+    files = {"cpu.max": "100000 100000", "memory.max": str(GIB)}
+    listing, mountinfo = tree(tmp_path, files, "0::/\n", V2)
     monkeypatch.setattr(machine, "SELF_CGROUP", listing)
+    monkeypatch.setattr(machine, "MOUNTINFO", mountinfo)
     monkeypatch.setattr(machine.os, "sched_getaffinity", lambda _: set(range(64)))
     assert machine.usable_cores() == 1
     assert tuned_read_ahead() == READ_AHEAD_BYTES  # (64 MiB x 64 cores outside the container)
@@ -133,8 +182,11 @@ def test_in_a_small_container_reading_ahead_and_loaders_follow_its_quotas(
     assert b.tuning.threads == 1
 
 
+CGROUP_V1 = Path("/sys/fs/cgroup")
+
+
 def _cgroup_v1_writable() -> bool:
-    return all(os.access(machine.CGROUP_ROOT / c, os.W_OK) for c in ("cpu", "memory"))
+    return all(os.access(CGROUP_V1 / c / "cgroup.procs", os.W_OK) for c in ("cpu", "memory"))
 
 
 @pytest.mark.skipif(
@@ -151,7 +203,7 @@ def test_a_process_in_a_real_cgroup_sees_its_quotas() -> None:
             ("cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "150000"}),
             ("memory", {"memory.limit_in_bytes": str(768 << 20)}),
         ):
-            group = machine.CGROUP_ROOT / controller / name
+            group = CGROUP_V1 / controller / name
             group.mkdir()
             made.append(group)
             for key, value in settings.items():

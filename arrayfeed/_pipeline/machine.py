@@ -5,91 +5,119 @@ A container or a batch job often gets a share of a larger machine: Docker's ``--
 ``os.cpu_count`` nor the CPU affinity nor ``sysconf`` sees. Reading as if the whole machine
 were free would read ahead a sixteenth of the host's memory in a pod allowed a fraction of it
 (killed for memory), and start a loader process beside a training loop allowed one core. The
-quotas are read here the way loky (joblib's process pool) reads the CPU quota, and for memory
-too: cgroup v2 (``cpu.max``, ``memory.max``) and v1 (``cpu.cfs_quota_us`` over
-``cpu.cfs_period_us``, ``memory.limit_in_bytes``), in the process's own cgroup and each one above
-it (a Slurm job's limits are set on the job's cgroup, above its steps), the least of them
-binding. Hand-written rather than taken from loky or psutil: loky reads only the CPU quota, at
-the mount's root, and psutil reads neither.
+quotas are read here for both: cgroup v2 (``cpu.max``, ``memory.max``) and v1
+(``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``, ``memory.limit_in_bytes``), in the process's
+own cgroup and each one above it (a Slurm job's limits are set on the job's cgroup, above its
+steps), the least of them binding. Each controller's cgroup is found as the JDK's container
+support and Go's automaxprocs find it: its path in ``/proc/self/cgroup``, under the mount of
+that hierarchy in ``/proc/self/mountinfo`` (whose root field maps a container's own cgroup to
+its mount point). Hand-written rather than taken from a library: loky (joblib's process pool)
+reads only the CPU quota, at fixed paths, and psutil reads neither. Anything unreadable leaves
+the machine's figure.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import posixpath
+import re
 from pathlib import Path
 
-__all__ = ["CGROUP_ROOT", "SELF_CGROUP", "usable_cores", "usable_memory"]
+__all__ = ["MOUNTINFO", "SELF_CGROUP", "usable_cores", "usable_memory"]
 
-#: Where cgroups are mounted, and where the process's own cgroups are listed.
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: Where the process's cgroups are listed, and its mounts (the cgroup hierarchies among them).
 SELF_CGROUP = Path("/proc/self/cgroup")
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+_ESCAPED = re.compile(r"\\([0-7]{3})")  # mountinfo writes a space in a path as \040
 
 
-def usable_cores(root: Path | None = None, listing: Path | None = None) -> int:
+def usable_cores(listing: Path | None = None, mountinfo: Path | None = None) -> int:
     """Cores this process may run on: its CPU affinity (a Slurm task or a container may get
     fewer than the machine has), within the CPU quota of its cgroups rounded up; at least 1.
-    ``root`` and ``listing``: where to look instead of :data:`CGROUP_ROOT`, :data:`SELF_CGROUP`."""
+    ``listing`` and ``mountinfo``: read instead of :data:`SELF_CGROUP` and :data:`MOUNTINFO`."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # no affinity on this platform
         cores = os.cpu_count() or 1
-    quota = _cpu_quota(root or CGROUP_ROOT, listing or SELF_CGROUP)
+    quota = _cpu_quota(listing or SELF_CGROUP, mountinfo or MOUNTINFO)
     return max(1, cores if quota is None else min(cores, math.ceil(quota)))
 
 
-def usable_memory(root: Path | None = None, listing: Path | None = None) -> int | None:
+def usable_memory(listing: Path | None = None, mountinfo: Path | None = None) -> int | None:
     """Bytes of memory this process may use: the machine's, within the memory limit of its
     cgroups; None where the machine's cannot be asked. ``root``, ``listing``: as above."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):  # no sysconf on this platform
         return None
-    root, listing = root or CGROUP_ROOT, listing or SELF_CGROUP
-    limits = [_read_int(d / "memory.max") for d in _cgroups(root, listing, "")]
-    limits += [_read_int(d / "memory.limit_in_bytes") for d in _cgroups(root, listing, "memory")]
+    where = (listing or SELF_CGROUP, mountinfo or MOUNTINFO)
+    limits = [_read_int(d / "memory.max") for d in _cgroups(*where, "")]
+    limits += [_read_int(d / "memory.limit_in_bytes") for d in _cgroups(*where, "memory")]
     return min([memory] + [v for v in limits if v is not None and v > 0])
 
 
-def _cpu_quota(root: Path, listing: Path) -> float | None:
+def _cpu_quota(listing: Path, mountinfo: Path) -> float | None:
     """Cores the CPU quota of the process's cgroups allows (the least), or None without one."""
     quotas = []
-    for d in _cgroups(root, listing, ""):
+    for d in _cgroups(listing, mountinfo, ""):
         fields = _read(d / "cpu.max").split()
         if len(fields) == 2 and fields[0] != "max":
             quotas.append(_ratio(fields[0], fields[1]))
-    for d in _cgroups(root, listing, "cpu"):
+    for d in _cgroups(listing, mountinfo, "cpu"):
         quotas.append(_ratio(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")))
     found = [q for q in quotas if q is not None]
     return min(found) if found else None
 
 
-def _cgroups(root: Path, listing: Path, controller: str) -> list[Path]:
+def _cgroups(listing: Path, mountinfo: Path, controller: str) -> list[Path]:
     """The directories of the process's cgroup for ``controller`` (``""``: cgroup v2) and of
-    each cgroup above it, that exist under ``root``. Inside a container with its own cgroup
-    namespace the listing says ``/`` and the mount's root is the container's cgroup; where the
-    path listed is not under the mount (a v1 container without one), the mount's root is."""
+    each cgroup above it within the hierarchy's mount, nearest first; none if anything is
+    unreadable. A cgroup path outside the mount's root (a container that sees only its own
+    cgroup, mounted at the root, without a namespace of its own) is taken at the mount's root."""
     try:
-        lines = listing.read_text().splitlines()
-    except OSError:
+        own = _own_cgroups(listing.read_text())
+        if controller not in own:
+            return []
+        for root, point, fstype, options in _cgroup_mounts(mountinfo.read_text()):
+            if fstype != ("cgroup" if controller else "cgroup2"):
+                continue
+            if controller and controller not in options:
+                continue
+            path = own[controller]
+            inside = posixpath.relpath(path, root)
+            top = Path(point)
+            here = top if inside.startswith("..") else top / inside
+            found = [here, *here.parents] if here != top else [top]
+            return [d for d in found[: found.index(top) + 1] if d.is_dir()]
+    except (OSError, ValueError):  # unreadable, or paths that do not fit: the machine's figure
         return []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, names, path = parts
-        if controller not in (names.split(",") if controller else [names]):
-            continue
-        if controller:
-            mount = root / controller
-        else:  # unified (v2) only, or beside v1 controllers ("hybrid")
-            mount = root if (root / "cgroup.controllers").exists() else root / "unified"
-        own = mount / path.strip("/")
-        if not own.is_dir():
-            return [mount] if mount.is_dir() else []
-        found = [own, *own.parents]
-        return found[: found.index(mount) + 1] if mount in found else [own]
     return []
+
+
+def _own_cgroups(text: str) -> dict[str, str]:
+    """``/proc/self/cgroup``: the process's cgroup path per controller (``""``: cgroup v2)."""
+    own = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for name in parts[1].split(",") if parts[1] else [""]:
+                own[name] = parts[2]
+    return own
+
+
+def _cgroup_mounts(text: str) -> list[tuple[str, str, str, set[str]]]:
+    """``/proc/self/mountinfo``'s cgroup mounts: (root, mount point, type, super options)."""
+    mounts = []
+    for line in text.splitlines():
+        before, sep, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not sep or len(fields) < 5 or len(tail) < 3 or not tail[0].startswith("cgroup"):
+            continue
+        root, point = (_ESCAPED.sub(lambda m: chr(int(m.group(1), 8)), f) for f in fields[3:5])
+        mounts.append((root, point, tail[0], set(tail[2].split(","))))
+    return mounts
 
 
 def _read(path: Path) -> str:
