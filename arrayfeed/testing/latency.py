@@ -107,21 +107,26 @@ class LatencyProxy:
             return
         self._writers.add(server_w)
         await asyncio.gather(
-            self._pipe(client_r, server_w, self.seconds),
+            self._pipe(client_r, server_w, self.seconds, requests=True),
             self._pipe(server_r, client_w, 0.0),
             return_exceptions=True,  # each pipe closes what it writes to
         )
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        delay: float,
+        requests: bool = False,
     ) -> None:
         try:
             while data := await reader.read(1 << 20):
-                if delay:
-                    self.held += 1
+                if requests:  # (client to server)
                     method = data[:8].split(b" ", 1)[0]
                     if method in _METHODS:
                         self.requests[method.decode()] += 1
+                if delay:
+                    self.held += 1
                     await asyncio.sleep(delay)
                 writer.write(data)
                 await writer.drain()

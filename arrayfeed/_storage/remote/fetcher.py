@@ -64,8 +64,11 @@ def sync_filesystem(fs: Any) -> Any:
 
 def whole_object(fs: Any) -> dict[str, Any]:
     """Keyword arguments that make ``fs.cat_file`` one request for the whole object, whatever
-    ``fs`` was made with (a Zarr array the user opened: see
-    :func:`~.paths.open_options`, which makes the filesystems of URLs so)."""
+    ``fs`` was made with (a Zarr array the user opened: see :func:`~.paths.open_options`, which
+    makes the filesystems of URLs so); none when its ``storage_options`` set
+    ``max_concurrency``."""
+    if "max_concurrency" in (getattr(fs, "storage_options", None) or {}):
+        return {}
     cat = getattr(fs, "_cat_file", None) or getattr(fs, "cat_file", None)
     try:
         accepted = inspect.signature(cat).parameters if cat is not None else {}

@@ -86,10 +86,9 @@ class RemotePath:
         """The URL of ``key`` inside this one."""
         return RemotePath(f"{self.url.rstrip('/')}/{key.strip('/')}", self.storage_options)
 
-    @property
-    def options(self) -> dict[str, Any]:
+    def options(self, *, writing: bool = False) -> dict[str, Any]:
         """The options its filesystem is made with (see :func:`open_options`)."""
-        return open_options(self.url, self.storage_options)
+        return open_options(self.url, self.storage_options, writing=writing)
 
     def filesystem(self, *, writing: bool = False) -> tuple[Any, str]:
         """``(fsspec filesystem, path inside it)``; named errors when fsspec or the protocol's
@@ -134,29 +133,34 @@ def as_remote(
     return RemotePath(os.fspath(path), storage_options or {})
 
 
-def open_options(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
-    """``storage_options`` as the filesystem of ``url`` is made with them: on S3, objects read
-    whole in one request. s3fs (from 2025) asks for an object's size first (a HEAD: a second
-    round trip for each Zarr chunk and metadata file, and a second request billed) to read large
-    objects in parallel ranges (``max_concurrency``, 10 by default); chunks are read many at
-    once already. A ``max_concurrency`` given in ``storage_options`` is kept."""
+def open_options(
+    url: str, storage_options: Mapping[str, Any], *, writing: bool = False
+) -> dict[str, Any]:
+    """``storage_options`` as the filesystem of ``url`` is made with them for reading: on S3,
+    objects read whole in one request. s3fs (from 2025) asks for an object's size first (a
+    HEAD: a second round trip for each Zarr chunk and metadata file, and a second request
+    billed) to read large objects in parallel ranges (``max_concurrency``, 10 by default);
+    chunks are read many at once already. Not for ``writing`` (the same option makes uploads
+    of large objects serial), nor when ``storage_options`` sets ``max_concurrency``."""
     options = dict(storage_options)
-    if protocol_of(url) in ("s3", "s3a") and "max_concurrency" not in options:
-        try:
-            import fsspec
+    if writing or protocol_of(url) not in ("s3", "s3a") or "max_concurrency" in options:
+        return options
+    try:
+        import fsspec
 
-            accepted = inspect.signature(fsspec.get_filesystem_class("s3").__init__).parameters
-        except Exception:  # s3fs missing or unreadable: url_to_fs says what to install
-            return options
-        if "max_concurrency" in accepted:
-            options["max_concurrency"] = 1
+        cat = fsspec.get_filesystem_class("s3")._cat_file
+        accepted = inspect.signature(cat).parameters
+    except Exception:  # s3fs missing or unreadable: url_to_fs says what to install
+        return options
+    if "max_concurrency" in accepted:  # (an s3fs that asks for sizes; older ones do not)
+        options["max_concurrency"] = 1
     return options
 
 
 def url_to_fs(url: str, options: Mapping[str, Any], *, writing: bool) -> tuple[Any, str]:
     error = DestinationError if writing else SourceUnavailableError
     protocol = protocol_of(url)
-    options = open_options(url, options)
+    options = open_options(url, options, writing=writing)
     try:
         import fsspec
     except ImportError:

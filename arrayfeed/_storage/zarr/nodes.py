@@ -30,7 +30,7 @@ def open_node(path: str | os.PathLike[str] | RemotePath, mode: Any = "r") -> Any
     """``zarr.open`` of a local path or a URL with its storage options."""
     if isinstance(path, RemotePath):
         path.filesystem()  # a named error when fsspec or the protocol's package is missing
-        options = path.options
+        options = path.options(writing=mode != "r")
         with on_object_storage():
             return zarr.open(store=path.url, mode=mode, storage_options=options)
     return zarr.open(store=str(path), mode=mode)

@@ -23,7 +23,7 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from ..._errors import CorruptDataError
 from ..record import marker_state
-from ..remote.fetcher import sync_filesystem
+from ..remote.fetcher import sync_filesystem, whole_object
 from .errors import missing_chunk_error
 from .nodes import METADATA, on_object_storage, unwrap_store
 
@@ -73,10 +73,11 @@ def _enclosing_groups(store: Store) -> Iterator[dict[str, Any]]:
         parents = [str(d) for d in Path(store.root).resolve().parents]
     elif isinstance(store, FsspecStore):
         fs = sync_filesystem(store.fs)
+        whole = whole_object(fs)
 
         def read(path: str) -> bytes | None:
             try:
-                return bytes(fs.cat_file(path))
+                return bytes(fs.cat_file(path, **whole))
             except Exception:  # missing, or not readable: not a group we can use
                 return None
 

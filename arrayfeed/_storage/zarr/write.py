@@ -78,7 +78,7 @@ class ZarrWriter:
                     store=path.url,
                     mode="w",
                     zarr_format=3,
-                    storage_options=path.options,
+                    storage_options=path.options(writing=True),
                 )
         else:
             self.group = zarr.open_group(str(path), mode="w", zarr_format=3)
@@ -143,7 +143,7 @@ class ZarrRegionWriter:
         if isinstance(path, RemotePath):
             with on_object_storage():
                 self.group = zarr.open_group(
-                    store=path.url, mode="r+", storage_options=path.options
+                    store=path.url, mode="r+", storage_options=path.options(writing=True)
                 )
         else:
             self.group = zarr.open_group(str(path), mode="r+")
@@ -246,5 +246,7 @@ def mark_complete(location: RemotePath, record: ConversionRecord) -> None:
     """Write ``record`` (``complete: true``) on the group at ``location``: the last write of a
     conversion to object storage."""
     with on_object_storage():
-        group = zarr.open_group(store=location.url, mode="r+", storage_options=location.options)
+        group = zarr.open_group(
+            store=location.url, mode="r+", storage_options=location.options(writing=True)
+        )
     group.attrs[MARKER] = record.to_json()
