@@ -224,9 +224,10 @@ def test_passes_read_ahead_whole_that_the_consumer_does_not_wait_for_hold_the_se
     ("waited", "whole", "pause", "held"),
     [
         (0.0, True, 0.04, True),
-        (0.0002, True, 0.04, True),  # 0.4 ms of the 5.4 ms to its last group
-        (0.01, True, 0.04, False),  # 20 ms of 25: reading does not keep ahead
-        (0.05, True, 10.0, False),  # 100 ms of 105, then 10 s away: the pause is not its time
+        (0.002, True, 0.04, True),  # 4 ms of the 54 ms from a pass start to the next
+        (0.01, True, 0.04, False),  # 20 ms of 70: reading does not keep ahead
+        (0.05, True, 1.0, True),  # 100 ms of 1.1 s: the consumer is away most of its time
+        (0.05, True, 0.1, False),  # 100 ms of 210
         (0.0, False, 0.04, False),  # part of each pass asked for after it started
     ],
 )

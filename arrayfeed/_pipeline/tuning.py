@@ -32,10 +32,10 @@ After a move, the groups asked for at the setting before (and those of a window 
 whole (see :func:`~.readers.read_pass`); behind a consumer that pauses between them, as tf.data
 does between epochs, each pass's groups come at once and no window would ever close. When
 :data:`WHOLE_PASSES` passes in a row were each asked for whole before they started and the
-consumer spent less than :data:`WAITED_SHARE` of each (from its start to its last group)
-waiting for their groups, a tuner that has not settled holds its setting: reading keeps ahead of
-the consumer, and more threads would not bring a group sooner. It measures from there as soon as
-a pass is not so (the consumer waited, or part of the pass was asked for after it started).
+consumer spent less than :data:`WAITED_SHARE` of its time (from the pass's start to the next
+one's) waiting for their groups, a tuner that has not settled holds its setting: reading keeps
+ahead of the consumer, and more threads would gain it little. It measures from there as soon as
+a pass is not so (the consumer waited more, or part of the pass was asked for after it started).
 
 The rate is measured where batches are consumed, so it counts everything in the way (reads,
 decoding, ``map_batch``, the loader's hand-over, the consumer itself). A setting of ``n`` threads
@@ -227,8 +227,10 @@ class Tuner:
                 self._skip = carried
             if self._pass is not None:  # the pass before: whole, and taken with little waiting?
                 began, was_whole = self._pass
-                taking = max(0.0, (self._last or began) - began)  # to its last group: no pause
-                ahead = was_whole and self._waited <= WAITED_SHARE * taking
+                # Of the consumer's time until this pass (a pause is its own: its time, as the
+                # pass's, counts; through a loader each group costs ~0.3 ms of messages, which
+                # the few milliseconds a short pass takes alone would make a share of 10-30 %).
+                ahead = was_whole and self._waited <= WAITED_SHARE * (now - began)
                 self._whole = self._whole + 1 if ahead else 0
             self._pass, self._waited = (now, carried > 0 and whole), 0.0
             held = self._whole >= WHOLE_PASSES and self._phase != "settled"
@@ -406,7 +408,7 @@ class Tuner:
             self._settled_after = self._last - self._first
         self._why = (
             f"held: the last {self._whole} passes were each read ahead whole, the consumer "
-            "hardly waiting for them: more threads would not bring a group sooner"
+            "waiting for them less than a tenth of its time: more threads would gain little"
         )
 
     def _watch(self, rate: float) -> None:
