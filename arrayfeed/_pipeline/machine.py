@@ -47,52 +47,60 @@ def usable_cores(listing: Path | None = None, mountinfo: Path | None = None) -> 
 
 def usable_memory(listing: Path | None = None, mountinfo: Path | None = None) -> int | None:
     """Bytes of memory this process may use: the machine's, within the memory limit of its
-    cgroups; None where the machine's cannot be asked. ``root``, ``listing``: as above."""
+    cgroups; None where the machine's cannot be asked. ``listing``, ``mountinfo``: as above."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):  # no sysconf on this platform
         return None
-    where = (listing or SELF_CGROUP, mountinfo or MOUNTINFO)
-    limits = [_read_int(d / "memory.max") for d in _cgroups(*where, "")]
-    limits += [_read_int(d / "memory.limit_in_bytes") for d in _cgroups(*where, "memory")]
+    dirs = _cgroups(listing or SELF_CGROUP, mountinfo or MOUNTINFO, "", "memory")
+    limits = [_read_int(d / "memory.max") for d in dirs[""]]
+    limits += [_read_int(d / "memory.limit_in_bytes") for d in dirs["memory"]]
     return min([memory] + [v for v in limits if v is not None and v > 0])
 
 
 def _cpu_quota(listing: Path, mountinfo: Path) -> float | None:
     """Cores the CPU quota of the process's cgroups allows (the least), or None without one."""
+    dirs = _cgroups(listing, mountinfo, "", "cpu")
     quotas = []
-    for d in _cgroups(listing, mountinfo, ""):
+    for d in dirs[""]:
         fields = _read(d / "cpu.max").split()
         if len(fields) == 2 and fields[0] != "max":
             quotas.append(_ratio(fields[0], fields[1]))
-    for d in _cgroups(listing, mountinfo, "cpu"):
+    for d in dirs["cpu"]:
         quotas.append(_ratio(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")))
     found = [q for q in quotas if q is not None]
     return min(found) if found else None
 
 
-def _cgroups(listing: Path, mountinfo: Path, controller: str) -> list[Path]:
-    """The directories of the process's cgroup for ``controller`` (``""``: cgroup v2) and of
-    each cgroup above it within the hierarchy's mount, nearest first; none if anything is
+def _cgroups(listing: Path, mountinfo: Path, *controllers: str) -> dict[str, list[Path]]:
+    """For each of ``controllers`` (``""``: cgroup v2), the directories of the process's cgroup
+    and of each cgroup above it within the hierarchy's mount, nearest first; none if anything is
     unreadable. A cgroup path outside the mount's root (a container that sees only its own
     cgroup, mounted at the root, without a namespace of its own) is taken at the mount's root."""
+    found: dict[str, list[Path]] = {c: [] for c in controllers}
     try:
         own = _own_cgroups(listing.read_text())
-        if controller not in own:
-            return []
-        for root, point, fstype, options in _cgroup_mounts(mountinfo.read_text()):
-            if fstype != ("cgroup" if controller else "cgroup2"):
-                continue
-            if controller and controller not in options:
-                continue
-            path = own[controller]
-            inside = posixpath.relpath(path, root)
-            top = Path(point)
-            here = top if inside.startswith("..") else top / inside
-            found = [here, *here.parents] if here != top else [top]
-            return [d for d in found[: found.index(top) + 1] if d.is_dir()]
+        mounts = _cgroup_mounts(mountinfo.read_text())
+        for controller in controllers:
+            if controller in own:
+                found[controller] = _within(own[controller], mounts, controller)
     except (OSError, ValueError):  # unreadable, or paths that do not fit: the machine's figure
-        return []
+        return {c: [] for c in controllers}
+    return found
+
+
+def _within(path: str, mounts: list[tuple[str, str, str, set[str]]], controller: str) -> list[Path]:
+    """The directories of cgroup ``path`` of ``controller`` and those above it, in its mount."""
+    for root, point, fstype, options in mounts:
+        if fstype != ("cgroup" if controller else "cgroup2"):
+            continue
+        if controller and controller not in options:
+            continue
+        inside = posixpath.relpath(path, root)
+        top = Path(point)
+        here = top if inside.startswith("..") else top / inside
+        found = [here, *here.parents]
+        return [d for d in found[: found.index(top) + 1] if d.is_dir()]
     return []
 
 

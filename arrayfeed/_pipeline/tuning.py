@@ -97,8 +97,8 @@ TIE = 0.95
 DRIFT = 0.5
 DRIFT_WINDOWS = 3
 #: Passes in a row asked for whole before they started, in which the consumer waited for less
-#: than :data:`WAITED_SHARE` of the pass's time, after which a tuner that has not settled holds
-#: its setting (see the module docstring).
+#: than :data:`WAITED_SHARE` of its time (from the pass's start to the next one's), after which a
+#: tuner that has not settled holds its setting (see the module docstring).
 WHOLE_PASSES = 3
 WAITED_SHARE = 0.1
 

@@ -11,7 +11,6 @@ thread. :func:`sync_filesystem` gives the filesystem such fetches run on.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import pickle
 import random
@@ -23,16 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .errors import missing_object, remote_error, transient
+from .paths import whole_object
 
-__all__ = [
-    "ATTEMPTS",
-    "BACKOFF",
-    "CACHE_BYTES",
-    "IN_FLIGHT",
-    "Fetcher",
-    "sync_filesystem",
-    "whole_object",
-]
+__all__ = ["ATTEMPTS", "BACKOFF", "CACHE_BYTES", "IN_FLIGHT", "Fetcher", "sync_filesystem"]
 
 #: Requests one :class:`Fetcher` keeps in flight at most.
 IN_FLIGHT = 64
@@ -60,21 +52,6 @@ def sync_filesystem(fs: Any) -> Any:
         config.setdefault("max_pool_connections", IN_FLIGHT)
         options["config_kwargs"] = config
     return type(fs)(**options)
-
-
-def whole_object(fs: Any) -> dict[str, Any]:
-    """Keyword arguments that make ``fs.cat_file`` one request for the whole object, whatever
-    ``fs`` was made with (a Zarr array the user opened: see :func:`~.paths.open_options`, which
-    makes the filesystems of URLs so); none when its ``storage_options`` set
-    ``max_concurrency``."""
-    if "max_concurrency" in (getattr(fs, "storage_options", None) or {}):
-        return {}
-    cat = getattr(fs, "_cat_file", None) or getattr(fs, "cat_file", None)
-    try:
-        accepted = inspect.signature(cat).parameters if cat is not None else {}
-    except (TypeError, ValueError):  # no signature to read
-        accepted = {}
-    return {"max_concurrency": 1} if "max_concurrency" in accepted else {}
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ __all__ = [
     "open_options",
     "protocol_of",
     "url_to_fs",
+    "whole_object",
 ]
 
 #: What to install for URLs.
@@ -148,13 +149,30 @@ def open_options(
     try:
         import fsspec
 
-        cat = fsspec.get_filesystem_class("s3")._cat_file
-        accepted = inspect.signature(cat).parameters
-    except Exception:  # s3fs missing or unreadable: url_to_fs says what to install
+        s3 = fsspec.get_filesystem_class("s3")
+    except Exception:  # s3fs missing: url_to_fs says what to install
         return options
-    if "max_concurrency" in accepted:  # (an s3fs that asks for sizes; older ones do not)
-        options["max_concurrency"] = 1
-    return options
+    return {**options, **_one_request(s3)}
+
+
+def whole_object(fs: Any) -> dict[str, Any]:
+    """Keyword arguments that make ``fs.cat_file`` one request for the whole object, whatever
+    ``fs`` was made with (a Zarr array the user opened; see :func:`open_options`); none when its
+    ``storage_options`` set ``max_concurrency``."""
+    if "max_concurrency" in (getattr(fs, "storage_options", None) or {}):
+        return {}
+    return _one_request(fs)
+
+
+def _one_request(fs: Any) -> dict[str, Any]:
+    """``max_concurrency=1`` where the ``cat_file`` of ``fs`` (an instance or its class) takes
+    it (an s3fs that asks for sizes; older ones do not), else nothing."""
+    cat = getattr(fs, "_cat_file", None) or getattr(fs, "cat_file", None)
+    try:
+        accepted = inspect.signature(cat).parameters if cat is not None else {}
+    except (TypeError, ValueError):  # no signature to read
+        accepted = {}
+    return {"max_concurrency": 1} if "max_concurrency" in accepted else {}
 
 
 def url_to_fs(url: str, options: Mapping[str, Any], *, writing: bool) -> tuple[Any, str]:

@@ -23,7 +23,8 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from ..._errors import CorruptDataError
 from ..record import marker_state
-from ..remote.fetcher import sync_filesystem, whole_object
+from ..remote.fetcher import sync_filesystem
+from ..remote.paths import whole_object
 from .errors import missing_chunk_error
 from .nodes import METADATA, on_object_storage, unwrap_store
 
