@@ -1,10 +1,12 @@
 """Concurrency that tunes itself, against every fixed setting, on storages whose best differs.
 
 Each case reads ``af.batches`` (default arguments but the one varied) as fast as it goes:
-``default`` (threads tuned while reading) against ``num_threads=N`` fixed, for N in
-``--threads``. Every run builds a fresh ``Batches``, reads ``--warm`` seconds (tuning happens
-there), then measures rows/s for ``--measure`` seconds; settings alternate within each of
-``--reps`` rounds and the tables show medians. Cases (L rows, 60,000 x uint8[64,64,3] scaled by
+``default`` (threads, and loader processes, tuned while reading) against ``num_threads=N``
+fixed, for N in ``--threads``, and, for the cases read by a loader process by default,
+against ``processes=P, num_threads=N`` for each ``PxN`` in ``--loaders``. Every run builds a
+fresh ``Batches``, reads ``--warm`` seconds (tuning happens there), then measures rows/s for
+``--measure`` seconds; settings alternate within each of ``--reps`` rounds and the tables show
+medians. Cases (L rows, 60,000 x uint8[64,64,3] scaled by
 ``--rows-scale``):
 
 - ``npy``: ``.npy`` paths, full shuffle, batch 256 (memory-bound);
@@ -158,10 +160,29 @@ def case_args(case: str, data: Data) -> tuple[tuple[Any, ...], dict[str, Any]]:
     raise ValueError(f"unknown case {case!r}; choose from {', '.join(CASES)}")
 
 
-def run(case: str, data: Data, threads: int | None, warm: float, measure: float) -> dict[str, Any]:
-    """Rows/s of one setting after ``warm`` seconds, and what the tuner chose."""
+def fixed_setting(key: str) -> dict[str, int]:
+    """The arguments of a fixed setting: ``"N"`` threads (in the default loader process, if
+    any), or ``"PxN"``: ``P`` loader processes of ``N`` threads each."""
+    processes, _, threads = key.rpartition("x")
+    fixed = {"num_threads": int(threads)}
+    if processes:
+        fixed["processes"] = int(processes)
+    return fixed
+
+
+def read_by_loaders(case: str, data: Data) -> bool:
+    """Whether ``case`` is read by loader processes by default."""
     arrays, kwargs = case_args(case, data)
-    b = af.batches(*arrays, seed=SEED, num_threads=threads, **kwargs)
+    b = af.batches(*arrays, seed=SEED, **kwargs)
+    return b.tuning.processes > 0
+
+
+def run(case: str, data: Data, setting: str, warm: float, measure: float) -> dict[str, Any]:
+    """Rows/s of one setting (``"default"``, or see :func:`fixed_setting`) after ``warm``
+    seconds, and what the tuner chose."""
+    arrays, kwargs = case_args(case, data)
+    fixed = {} if setting == "default" else fixed_setting(setting)
+    b = af.batches(*arrays, seed=SEED, **fixed, **kwargs)
     start = time.perf_counter()
     rows, measured_from = 0, None
     while True:
@@ -179,6 +200,8 @@ def run(case: str, data: Data, threads: int | None, warm: float, measure: float)
                     return {
                         "rows_s": rows / (now - measured_from),
                         "threads": tuning.threads,
+                        "processes": tuning.processes,
+                        "process_rates": {str(k): v for k, v in tuning.process_rates.items()},
                         "settled_after": tuning.settled_after,
                         "rates": {str(k): v for k, v in tuning.rates.items()},
                         "why": tuning.why,
@@ -190,6 +213,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--threads", default="1,2,4,8,16,32")
+    parser.add_argument(
+        "--loaders",
+        default="2x1,2x2,2x4",
+        help="fixed settings PxN (P loader processes of N threads) of cases read by loaders",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--warm", type=float, default=5.0)
     parser.add_argument("--measure", type=float, default=3.0)
@@ -202,14 +230,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.reps, args.warm, args.measure = 1, 4.0, 1.5
     cases = [c for c in args.cases.split(",") if c]
-    fixed = [int(t) for t in args.threads.split(",") if t]
-    settings: list[int | None] = [None, *fixed]
+    threads = [t for t in args.threads.split(",") if t]
+    loaders = [t for t in args.loaders.split(",") if t]
+    for key in threads + loaders:
+        fixed_setting(key)  # (a bad one fails now, not after minutes)
     with tempfile.TemporaryDirectory() as tmp:
         data = Data(args.data_dir or Path(tmp), shapes(args.rows_scale)["L"])
         data.ensure({"npy", "h5gzip"} if "h5gzip" in cases else {"npy"})
         data.page_cache()
         remote = s3_store(args.s3_rows) if "s3zarr" in cases else contextlib.nullcontext()
         with remote:
+            settings = {
+                case: ["default", *threads, *(loaders if read_by_loaders(case, data) else [])]
+                for case in cases
+            }
             runs = sweep(cases, settings, data, args)
         data.close()
     where = machine(None)
@@ -223,20 +257,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def sweep(
-    cases: list[str], settings: list[int | None], data: Data, args: argparse.Namespace
+    cases: list[str], settings: dict[str, list[str]], data: Data, args: argparse.Namespace
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Every case at every setting, ``args.reps`` rounds, settings alternating."""
+    """Every case at each of its settings, ``args.reps`` rounds, settings alternating."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in cases}
     for rep in range(args.reps):
         for case in cases:
-            order = settings if rep % 2 == 0 else settings[::-1]
-            for threads in order:
-                key = "default" if threads is None else str(threads)
-                result = run(case, data, threads, args.warm, args.measure)
+            order = settings[case] if rep % 2 == 0 else settings[case][::-1]
+            for key in order:
+                result = run(case, data, key, args.warm, args.measure)
                 runs[case].setdefault(key, []).append(result)
                 line = f"  {case:9} {key:>7}: {result['rows_s']:>10,.0f} rows/s"
-                if threads is None:
+                if key == "default":
                     line += f"  (threads {result['history']}, {result['why']})"
+                    if result["processes"] > 1 or result["process_rates"]:
+                        line += f"; loader processes {result['processes']}"
                 print(line, flush=True)
     return runs
 
@@ -252,7 +287,10 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> d
         fixed = {k: v for k, v in rates.items() if k != "default"}
         best_key = max(fixed, key=lambda k: fixed[k])
         default = rates["default"]
-        chosen = [r["threads"] for r in by_setting["default"]]
+        chosen = [
+            r["threads"] if r.get("processes", 0) <= 1 else f"{r['processes']}x{r['threads']}"
+            for r in by_setting["default"]
+        ]
         settled = [r["settled_after"] for r in by_setting["default"]]
         row = {
             "case": case,
@@ -268,9 +306,8 @@ def summarise(runs: dict[str, dict[str, list[dict[str, Any]]]], where: str) -> d
         cells = "  ".join(f"{k}:{v:,.0f}" for k, v in rates.items())
         print(f"  {case:9} {cells}")
         print(f"  {'':9} threads chosen {chosen}, settled after {settled} s; {row['why']}")
-        checks.append(
-            (f"{case}: default / best fixed ({best_key} threads)", row["default_over_best"], 0.9)
-        )
+        what = f"{best_key} threads" if "x" not in best_key else f"{best_key}: loaders x threads"
+        checks.append((f"{case}: default / best fixed ({what})", row["default_over_best"], 0.9))
         if case in LATENCY_CASES and row["default_over_one"] is not None:
             checks.append((f"{case}: default / one thread", row["default_over_one"], 8.0))
         worst = max((s for s in settled if s is not None), default=float("inf"))

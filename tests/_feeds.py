@@ -78,12 +78,14 @@ def image_files(root: Path, rows: int, compression: str) -> dict[str, Any]:
 
 
 class Chaos(Tuner):
-    """A tuner that draws the groups to read at once at random on every request."""
+    """A tuner that draws the groups to read at once at random on every request, and the
+    loader processes to read with (1 to ``processes``) every time they are asked for."""
 
-    def __init__(self, cap: int, seed: int) -> None:
+    def __init__(self, cap: int, seed: int, processes: int = 0) -> None:
         self._rng = random.Random(seed)
         self.asked: set[int] = set()
-        super().__init__(1, cap)
+        self.asked_processes: set[int] = set()
+        super().__init__(1, cap, processes=min(1, processes), most_processes=processes)
 
     @property
     def threads(self) -> int:
@@ -91,11 +93,18 @@ class Chaos(Tuner):
         self.asked.add(value)
         return value
 
+    @property
+    def processes(self) -> int:
+        value = self._rng.choice(self.process_ladder)
+        self.asked_processes.add(value)
+        return value
 
-def force_retuning(b: Any, seed: int) -> Chaos:
-    """Give the feed of ``b`` (an ``arrayfeed.Batches``) and its loaders a :class:`Chaos` tuner."""
+
+def force_retuning(b: Any, seed: int, processes: int = 0) -> Chaos:
+    """Give the feed of ``b`` (an ``arrayfeed.Batches``) and its loaders a :class:`Chaos` tuner
+    (one that also draws 1 to ``processes`` loader processes: the feed's must be read by one)."""
     feed = b._feed
-    chaos = Chaos(max(8, feed.tuner.cap), seed)
+    chaos = Chaos(max(8, feed.tuner.cap), seed, processes)
     feed.tuner = chaos
     if feed._remote is not None:
         feed._remote.tuner = chaos

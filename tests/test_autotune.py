@@ -5,6 +5,7 @@ threads for reads that wait and fewer for a consumer that sets the pace."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 
 import arrayfeed as af
 from arrayfeed._pipeline.blocks import WindowCache
+from arrayfeed._pipeline.loader.wire import Loaded
+from arrayfeed._pipeline.machine import usable_cores
 from arrayfeed._pipeline.tuning import Tuner
 
 from ._feeds import force_retuning, image_files
@@ -58,9 +61,29 @@ def test_retuning_on_every_request_never_changes_the_stream(
     expected = _stream(af.batches(x, y, batch_size=32, num_threads=1, processes=0, **kwargs), 2)
     b = af.batches(x, y, batch_size=32, processes=processes, **kwargs)
     assert b._feed.group_steps < b._feed.plan.steps // 4
-    chaos = force_retuning(b, seed=len(kwargs) + processes)
+    served: Counter[int] = Counter()
+    if processes:  # loaders join and leave while reading, too
+        # Three loaders already running (and held by this dataset), so that those joining
+        # register within a pass, not after the short ones of this test.
+        warm = af.batches(x, y, batch_size=32, processes=3, **kwargs)
+        next(iter(warm))
+        remote = b._feed._remote
+        dispatch = remote._dispatch
+
+        def counting(link: Any, message: Any) -> None:
+            if isinstance(message, Loaded):
+                served[link.process.pid] += 1
+            dispatch(link, message)
+
+        monkeypatch.setattr(remote, "_dispatch", counting)
+    chaos = force_retuning(b, seed=len(kwargs) + processes, processes=3 * processes)
     got = _stream(b, 2)
     assert len(chaos.asked) >= 3  # the setting really moved
+    if processes:  # so did the loaders reading (groups are dealt out by window, if any)
+        owner = b._feed.group_owner(0)
+        keys = {owner(first) for first, _ in b._feed.groups()}
+        assert chaos.asked_processes == {1, 2, 3}
+        assert len(served) >= min(2, len(keys)), served
     assert len(got) == len(expected)
     for e, g in zip(expected, got, strict=True):
         assert len(e) == len(g)
@@ -224,3 +247,32 @@ def test_a_consumer_that_sets_the_pace_gets_fewer_threads(
     _read_for(b, 6, pause=0.002)  # a training step of 2 ms: far slower than the reads
     report = b.tuning
     assert report.settled and report.threads < start, report
+
+
+def _python_loop(batch: Any) -> Any:
+    """A ``map_batch`` that holds the interpreter's lock: a Python loop over every row."""
+    x, y = batch
+    total = 0
+    for row in range(len(y)):
+        for k in range(400):
+            total += k * row
+    return x, y + (total & 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(usable_cores() < 2, reason="a second loader needs a second core")
+def test_a_map_batch_holding_the_interpreter_gets_more_loader_processes(
+    files: dict[str, tuple[str, str]],
+) -> None:
+    """Threads cannot run a ``map_batch`` that holds the GIL side by side; loader processes
+    (an interpreter each) can: by default a second one is started, measured and kept."""
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=32, seed=0, map_batch=_python_loop)
+    assert b.tuning.processes == 1
+    _read_for(b, 12)
+    report = b.tuning
+    assert report.settled and report.processes >= 2, report
+    assert report.process_rates[report.processes] > 1.2 * report.process_rates[1], report
+    assert f"with {report.processes} loader processes" in report.why
+    assert len(b._feed._remote._reading()) == report.processes
+    assert f"loader processes {report.processes} (rows/s: 1: " in str(report)

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.loader.processes import loaders
+from arrayfeed._pipeline.loader.processes import LINGER_SECONDS, loaders
+from arrayfeed._pipeline.tuning import Tuner
 
 from ._feeds import image_files
 from .conftest import REPO_ROOT
@@ -518,3 +519,47 @@ def test_a_loader_that_closes_its_link_while_alive_is_named_so() -> None:
         assert isinstance(link.error, af.LoaderError)
         assert re.search(says, str(link.error)), str(link.error)
         assert not_said not in str(link.error).split(";")[0]
+
+
+class TwoThenOne(Tuner):
+    """Asks for two loader processes until told to ask for one again (a tuner that tried a
+    second and found that it did not pay)."""
+
+    def __init__(self) -> None:
+        self.loaders = 2
+        self.ready: list[int] = []
+        super().__init__(2, 2, processes=1, most_processes=2)
+
+    @property
+    def processes(self) -> int:
+        return self.loaders
+
+    def processes_ready(self, in_flight: int) -> None:
+        self.ready.append(in_flight)
+
+
+def test_loaders_join_while_reading_and_are_let_go_when_no_longer_asked_for(
+    files: dict[str, Any],
+) -> None:
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=10, seed=4, processes=1)
+    remote = b._feed._remote
+    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
+    first = remote._links[0].process
+    got = _epochs(b, 1)
+    deadline = time.monotonic() + 30
+    while not tuner.ready and time.monotonic() < deadline:  # the second joins within an epoch
+        got += _epochs(b, 1)
+    assert tuner.ready and len(remote._links) == 2 and len(remote._reading()) == 2
+    second = remote._links[1].process
+    assert second is not first and second.alive()
+    got += _epochs(b, 1)  # read by both
+    tuner.loaders = 1
+    got += _epochs(b, 1)
+    assert [link.process for link in remote._links] == [first]  # the second let go ...
+    assert b._feed.tuning.threads == 2
+    _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
+    deadline = time.monotonic() + LINGER_SECONDS + 10
+    while second.alive() and time.monotonic() < deadline:  # ... and, serving no feed, stops
+        time.sleep(0.1)
+    assert not second.alive() and first.alive()

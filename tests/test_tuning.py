@@ -515,3 +515,122 @@ def test_groups_carried_into_a_pass_are_skipped_after_a_move_only_as_asked_for_b
     assert tuner._skip == 2
     tuner.pass_started()  # a pass with none carried: nothing asked for before it is left
     assert tuner._skip == 0
+
+
+# -- loader processes ------------------------------------------------------------------------------
+#: Seconds a new loader takes to start (its groups keep coming from those there were).
+START_SECONDS = 0.8
+
+
+class Loaders:
+    """Loaders reading for a tuner on the simulated clock: those it asks for start after
+    :data:`START_SECONDS`, each using ``busy`` of a core; ``rate(threads, processes)`` is what
+    they deliver together."""
+
+    def __init__(self, tuner: Tuner, clock: list[float], busy: float = 1.0) -> None:
+        self.tuner, self.clock, self.busy = tuner, clock, busy
+        self.reading = tuner.processes
+        self.cpu = 0.0
+        self.starting_until: float | None = None
+        self.seen_threads: list[tuple[int, int]] = []
+        tuner.cpu = lambda: self.cpu
+
+    def drive(self, rate: Callable[[int, int], float], seconds: float) -> None:
+        tuner, clock = self.tuner, self.clock
+        end = clock[0] + seconds
+        while clock[0] < end:
+            wanted = tuner.processes
+            if wanted > self.reading and self.starting_until is None:
+                self.starting_until = clock[0] + START_SECONDS
+            if self.starting_until is not None and clock[0] >= self.starting_until:
+                self.starting_until, self.reading = None, wanted
+                tuner.processes_ready((tuner.threads + 1) * self.reading)
+            if wanted < self.reading:
+                self.reading = wanted
+            self.seen_threads.append((tuner.threads, tuner.processes))
+            interval = GROUP_SECONDS / tuner.threads / self.reading
+            clock[0] += interval
+            self.cpu += self.busy * self.reading * interval
+            tuner.delivered(round(rate(tuner.threads, self.reading) * interval))
+
+
+def loader_tuner(start: int = 2, cap: int = 64, most: int = 8) -> tuple[Tuner, list[float]]:
+    clock = [0.0]
+    return Tuner(start, cap, processes=1, most_processes=most, clock=lambda: clock[0]), clock
+
+
+def test_more_loaders_while_they_deliver_more() -> None:
+    """A ``map_batch`` holding the interpreter's lock: threads gain nothing, loaders (each with
+    an interpreter of its own) gain up to the cores there are (4 here)."""
+    tuner, clock = loader_tuner(most=8)
+    loaders = Loaders(tuner, clock)
+    loaders.drive(lambda threads, processes: 1e4 * min(processes, 4), 30)
+    report = tuner.report()
+    assert (report.processes, report.threads, report.settled) == (4, 1, True), report
+    assert sorted(report.process_rates) == [1, 2, 3, 4, 6]
+    assert "with 4 loader processes" in report.why
+    assert "6 loader processes did not deliver more" in report.why
+    assert "loader processes 4 (rows/s: 1: 10,000, 2: 20,000" in str(report)
+    assert report.settled_after is not None and report.settled_after < 10
+
+
+def test_loaders_that_wait_get_no_company() -> None:
+    """Loaders that use little of a core (waiting on storage) are not joined by more: another
+    interpreter would only wait beside them (more threads do it for less)."""
+    tuner, clock = loader_tuner(most=8)
+    loaders = Loaders(tuner, clock, busy=0.2)
+    loaders.drive(lambda threads, processes: 1e3 * min(threads * processes, 64), 30)
+    report = tuner.report()
+    assert report.processes == 1 and not report.process_rates and report.settled
+    assert report.threads >= 32
+    assert "; 1 loader process: each used 20% of a core: more would wait beside them)" in report.why
+
+
+def test_a_tie_goes_to_fewer_loaders() -> None:
+    tuner, clock = loader_tuner(most=8)
+    loaders = Loaders(tuner, clock)
+    loaders.drive(lambda threads, processes: 5e4, 20)
+    report = tuner.report()
+    assert (report.processes, report.settled) == (1, True)
+    assert sorted(report.process_rates) == [1, 2]
+    assert "2 loader processes did not deliver more" in report.why
+    assert loaders.reading == 1  # the one tried is let go
+
+
+def test_nothing_is_counted_while_loaders_start() -> None:
+    """Groups delivered while a new loader starts come from those before it: counted, a burst
+    of them (groups that piled up) would pass for what two loaders deliver."""
+    tuner, clock = loader_tuner(most=2)
+    loaders = Loaders(tuner, clock)
+
+    def rate(threads: int, processes: int) -> float:
+        if loaders.starting_until is not None:
+            return 1e6  # a burst while the second starts
+        return 1e4 * (1.02 if processes == 2 else 1.0)
+
+    loaders.drive(rate, 20)
+    report = tuner.report()
+    assert report.processes == 1 and report.settled, report
+    assert report.process_rates[2] == pytest.approx(1.02e4, rel=0.05)
+
+
+def test_threads_fit_the_groups_of_every_loader() -> None:
+    """Groups in flight in all loaders together stay within those one loader's cap allows (the
+    memory read ahead): more loaders read fewer groups each, and none are tried whose groups
+    would not fit one thread each."""
+    tuner, clock = loader_tuner(start=4, cap=7, most=8)  # 8 groups in flight at most
+    loaders = Loaders(tuner, clock)
+    loaders.drive(lambda threads, processes: 1e4 * processes, 30)
+    assert all((t + 1) * p <= 8 for t, p in loaders.seen_threads)
+    assert max(p for _, p in loaders.seen_threads) == 4  # 6 would need 12 groups in flight
+    report = tuner.report()
+    assert report.settled and report.processes == 4 and report.threads == 1
+    assert "4 loader processes: the groups of more would not fit" in report.why
+
+
+def test_a_tuner_reading_in_this_process_has_no_loaders_to_tune() -> None:
+    tuner, clock = new_tuner()
+    drive(tuner, lambda r: 1e4 * min(r, 16), 20, clock)
+    report = tuner.report()
+    assert report.processes == 0 and not report.process_rates
+    assert "loader" not in str(report)

@@ -189,14 +189,23 @@ class Feed:
         whose groups are sized for few threads."""
         start = self.num_threads
         if self.threads_fixed:
-            return Tuner(start, start, fixed=True)
+            return Tuner(start, start, fixed=True, processes=self.processes)
         group = self.group_steps * self.plan.batch_size * self._row_bytes
         ahead = tuned_read_ahead() if self._cheap_reads else READ_AHEAD_BYTES
         fits = ahead // max(1, group) - 1
         cap = max(start, min(LADDER[-1], fits))
         # Groups of a window decoded ahead: at most as many as are in flight at the cap (tiny
         # groups, of a slow map_batch say, would otherwise skip whole passes after a move).
-        return Tuner(start, cap, ahead=min(self._groups_decoded_ahead, cap + 1))
+        # Loader processes by default: as many as there are cores at most (those not worth
+        # it are not tried, see :data:`~.tuning.PROCESS_BUSY`); those asked for stay.
+        most = usable_cores() if self.processes and not self.loader_required else self.processes
+        return Tuner(
+            start,
+            cap,
+            ahead=min(self._groups_decoded_ahead, cap + 1),
+            processes=self.processes,
+            most_processes=most,
+        )
 
     @property
     def _groups_decoded_ahead(self) -> int:
@@ -261,6 +270,7 @@ class Feed:
         except Exception as exc:
             if not self.loader_required:
                 self.processes = 0  # the default reads here what cannot travel
+                self.tuner = self._new_tuner()
                 return None
             raise ConfigError(
                 f"`processes={self.processes}` reads in loader processes, but this dataset "

@@ -24,7 +24,7 @@ import posixpath
 import re
 from pathlib import Path
 
-__all__ = ["MOUNTINFO", "SELF_CGROUP", "usable_cores", "usable_memory"]
+__all__ = ["MOUNTINFO", "SELF_CGROUP", "process_cpu_seconds", "usable_cores", "usable_memory"]
 
 #: Where the process's cgroups are listed, and its mounts (the cgroup hierarchies among them).
 SELF_CGROUP = Path("/proc/self/cgroup")
@@ -147,3 +147,15 @@ def _ratio(quota: str, period: str) -> float | None:
     except ValueError:
         return None
     return q / p if q > 0 and p > 0 else None
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) the process ``pid`` has used, from ``/proc/PID/stat``; 0.0
+    when it cannot be read (the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # After the command: state (field 3), ..., utime (14) and stime (15), in clock ticks.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

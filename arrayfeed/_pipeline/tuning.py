@@ -61,6 +61,8 @@ __all__ = [
     "GAIN",
     "LADDER",
     "LEAP",
+    "PROCESS_BUSY",
+    "PROCESS_LADDER",
     "TIE",
     "WAITED_SHARE",
     "WHOLE_PASSES",
@@ -72,6 +74,13 @@ __all__ = [
 
 #: Settings tried, in order (those up to a feed's cap).
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Loader process counts tried, in order (those up to a feed's most), once the threads are tuned.
+PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
+#: More loader processes are tried only when those reading used at least this share of a core
+#: each while the chosen setting was measured: a loader that waits (on object storage, say)
+#: gains nothing from a second interpreter, one bound by its interpreter's lock (a ``map_batch``
+#: looping in Python, request signing) gains nearly in proportion.
+PROCESS_BUSY = 0.7
 #: Seconds of delivery each measurement covers (and at least :data:`WINDOW_GROUPS` groups).
 WINDOW_SECONDS = 0.3
 WINDOW_GROUPS = 2
@@ -110,6 +119,7 @@ _DOING = {
     "up": "trying more threads",
     "again": "measuring the best so far again",
     "down": "trying fewer threads",
+    "processes": "trying more loader processes",
 }
 
 
@@ -127,6 +137,10 @@ class Tuning:
         why: How ``threads`` was chosen, in words.
         settled_after: Seconds of reading (from the first group delivered) until tuning last
             settled; None while it has not.
+        processes: Loader processes reading (0: this process reads, in its reader threads).
+        process_rates: Rows per second delivered with each number of loader processes tried,
+            when more were tried (with ``threads`` in each, or fewer where the groups read ahead
+            would not fit: see :class:`Tuner`).
     """
 
     threads: int
@@ -135,10 +149,18 @@ class Tuning:
     rates: dict[int, float] = field(default_factory=dict)
     why: str = ""
     settled_after: float | None = None
+    processes: int = 0
+    process_rates: dict[int, float] = field(default_factory=dict)
 
     def __str__(self) -> str:
         tried = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(self.rates.items()))
-        return f"threads {self.threads} ({self.why}); rows/s per setting: {tried or 'none yet'}"
+        line = f"threads {self.threads} ({self.why}); rows/s per setting: {tried or 'none yet'}"
+        if self.processes > 1 or self.process_rates:
+            counts = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(self.process_rates.items()))
+            line += f"; loader processes {self.processes}" + (
+                f" (rows/s: {counts})" if counts else ""
+            )
+        return line
 
 
 class Tuner:
@@ -154,6 +176,9 @@ class Tuner:
         *,
         fixed: bool = False,
         ahead: int = 0,
+        processes: int = 0,
+        most_processes: int | None = None,
+        cpu: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.cap = max(1, cap)
@@ -162,6 +187,24 @@ class Tuner:
         self.ladder = sorted(
             {s for s in LADDER if s <= self.cap} | {min(start, self.cap), self.cap}
         )
+        most = processes if most_processes is None else max(processes, most_processes)
+        self.process_ladder = sorted(
+            {p for p in PROCESS_LADDER if processes <= p <= most} | {processes, most}
+        )
+        # Groups in flight at most, in all loaders together: more loaders read fewer groups each.
+        self._budget = (self.cap + 1) * max(1, processes)
+        self._p_at = 0
+        self._p_best = 0
+        self._p_rate = 0.0  # what the best number of loaders delivered
+        self._p_first: float | None = None  # the first of two measurements of loaders tried
+        self._process_rates: dict[int, float] = {}
+        self._starting = False  # loaders starting: nothing is counted until they read
+        #: CPU seconds the loaders reading have used so far (None: unknown).
+        self.cpu = cpu
+        self._cpu_mark: tuple[float, float] | None = None  # (clock, cpu) at the window's opening
+        self._busy: dict[int, float] = {}  # share of a core per loader, by threads setting
+        self._chosen: float | None = None  # the rate the held setting was chosen at
+        self._thread_reason = ""
         self._clock = clock
         self._lock = threading.Lock()
         self._at = self.ladder.index(min(start, self.cap))
@@ -197,8 +240,22 @@ class Tuner:
 
     @property
     def threads(self) -> int:
-        """Groups to read at once now (and one more to request ahead)."""
-        return self.ladder[self._at]
+        """Groups to read at once now, in this process or in each loader (and one more to
+        request ahead): the setting, or fewer where the groups of every loader would not fit."""
+        setting = self.ladder[self._at]
+        return max(1, min(setting, self._budget // max(1, self.processes) - 1))
+
+    @property
+    def processes(self) -> int:
+        """Loader processes to read with now (0: this process reads)."""
+        return self.process_ladder[self._p_at]
+
+    def processes_ready(self, in_flight: int) -> None:
+        """The loaders :attr:`processes` asked for are reading (started, or found unable to);
+        ``in_flight``: groups asked for before, not counted."""
+        with self._lock:
+            if self._starting:
+                self._starting, self._skip, self._window_start = False, in_flight, None
 
     def pass_started(self, carried: int = 0, whole: bool = False) -> None:
         """A pass starts (an epoch, or a validation run). The time since the last group (the
@@ -260,6 +317,8 @@ class Tuner:
             self._last = now
             if self._first is None:
                 self._first = now
+            if self._starting:  # read by the loaders before those starting: not counted
+                return
             if self._skip:  # requested at the setting before a move, or read during a pause
                 self._skip -= 1
                 if self._window_start is not None:  # nor its time
@@ -291,11 +350,17 @@ class Tuner:
     def _open(self, now: float) -> None:
         self._window_start = self._opened = self._mark = now
         self._rows, self._groups, self._starts, self._due = 0, 0, 0, False
+        self._cpu_mark = None if self.cpu is None else (self._clock(), self.cpu())
 
     def _close(self, now: float) -> None:
         assert self._window_start is not None
         rate = self._rows / max(now - self._window_start, 1e-9)
         self._window_start = None
+        if self.cpu is not None and self._cpu_mark is not None:  # a share of a core per loader
+            began, used = self._cpu_mark
+            seconds = max(self._clock() - began, 1e-9)
+            share = (self.cpu() - used) / seconds / max(1, self.processes)
+            self._busy[self.threads] = share
         self._decide(rate)
         if self._window_start is None and not self._skip:  # no move: the next window starts now
             self._open(now)
@@ -310,19 +375,25 @@ class Tuner:
                 rates=dict(self._rates),
                 why=self._why if settled else f"{self._why}: {_DOING[self._phase]}",
                 settled_after=self._settled_after,
+                processes=self.processes,
+                process_rates=dict(self._process_rates),
             )
 
     # -- the ladder ---------------------------------------------------------------------------------
     def _decide(self, rate: float) -> None:
-        here = self.threads
+        here, loaders = self.threads, self.processes
         if self._phase == "settled":
             self._watch(rate)
         elif self._phase == "warm-up":
             self._phase = "measure"
+        elif self._phase == "processes":
+            self._more_loaders(rate)
         else:
-            self._climb(rate, here)
-        if self.threads != here:  # a new setting: the groups in flight were asked for before it
-            self._window_start, self._skip = None, here + 1 + self.ahead
+            self._climb(rate, self.ladder[self._at])
+        if (self.threads, self.processes) != (here, loaders):
+            # A new setting: the groups in flight were asked for before it.
+            self._window_start = None
+            self._skip = (here + 1) * max(1, loaders) + self.ahead
 
     def _climb(self, rate: float, here: int) -> None:
         before = self._rates.get(here, 0.0)
@@ -396,25 +467,89 @@ class Tuner:
         self._at, self._phase, self._drifting = self._best, "settled", 0
         if moved:
             self.history.append(self.threads)
-        rate = self._rates[self.threads]
-        if self._first is not None and self._last is not None:
-            self._settled_after = self._last - self._first
+        rate = self._chosen = self._rates[self.ladder[self._at]]
+        self._settled_after = self._reading_seconds()
         self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
+        self._thread_reason = reason
+        why_not = self._why_no_more_loaders(self._busy.get(self.threads))
+        if why_not is None:
+            self._p_best, self._p_rate = self._p_at, rate
+            self._process_rates[self.processes] = rate
+            self._add_loader()
+        elif len(self.process_ladder) > 1:
+            loaders = self.processes
+            self._why = (
+                self._why[:-1] + f"; {loaders} loader process{'es' * (loaders > 1)}: {why_not})"
+            )
+
+    def _reading_seconds(self) -> float | None:
+        if self._first is None or self._last is None:
+            return None
+        return self._last - self._first
+
+    # -- loader processes ---------------------------------------------------------------------------
+    def _why_no_more_loaders(self, share: float | None) -> str | None:
+        """Why one more loader would not pay (None: it may): there is none more to try (one
+        per usable core at most), its groups would not fit, or those reading were not busy (a
+        share of a core each below :data:`PROCESS_BUSY`; an unknown share tries)."""
+        if self._p_at + 1 >= len(self.process_ladder):
+            return "as many as there are cores for"
+        if self._budget // self.process_ladder[self._p_at + 1] - 1 < 1:
+            return "the groups of more would not fit in the memory read ahead"
+        if share is not None and share < PROCESS_BUSY:
+            return f"each used {share:.0%} of a core: more would wait beside them"
+        return None
+
+    def _add_loader(self) -> None:
+        """Try the next number of loaders up (nothing is counted until they read), measuring
+        them twice: what they are compared with is the larger of two measurements too."""
+        self._p_at, self._p_first = self._p_at + 1, None
+        self._phase, self._starting, self._settled_after = "processes", True, None
+
+    def _more_loaders(self, rate: float) -> None:
+        # Measured twice, the larger counting, as what it is compared with (see _settle).
+        if self._p_first is None:
+            self._p_first = rate
+            return
+        rate, self._p_first = max(rate, self._p_first), None
+        loaders = self.processes
+        self._process_rates[loaders] = rate
+        if rate > self._p_rate * GAIN:
+            self._p_best, self._p_rate = self._p_at, rate
+            why_not = self._why_no_more_loaders(self._busy.get(self.threads))
+            if why_not is None:
+                self._add_loader()
+            else:
+                self._loaders_settle(f"{loaders} loader processes: {why_not}")
+        else:
+            self._loaders_settle(f"{loaders} loader processes did not deliver more")
+
+    def _loaders_settle(self, reason: str) -> None:
+        self._p_at, self._phase, self._drifting = self._p_best, "settled", 0
+        self._chosen = self._p_rate
+        self._settled_after = self._reading_seconds()
+        loaders = f" with {self.processes} loader processes" if self.processes > 1 else ""
+        self._why = (
+            f"tuned: {self._p_rate:,.0f} rows/s{loaders}, best of those tried "
+            f"({self._thread_reason}; {reason})"
+        )
 
     def _hold(self) -> None:
         """Hold the setting: reading keeps ahead of the consumer (see the module docstring)."""
+        if self._phase == "processes":  # loaders starting or measured: back to those before
+            self._p_at, self._starting = self._p_best, False
         self._best, self._phase, self._drifting, self._held = self._at, "settled", 0, True
-        if self._first is not None and self._last is not None:
-            self._settled_after = self._last - self._first
+        self._chosen = self._rates.get(self.ladder[self._at])
+        self._settled_after = self._reading_seconds()
         self._why = (
             f"held: the last {self._whole} passes were each read ahead whole, the consumer "
             "waiting for them less than a tenth of its time: more threads would gain little"
         )
 
     def _watch(self, rate: float) -> None:
-        chosen = self._rates.get(self.threads)
+        chosen = self._chosen
         if chosen is None:  # held before it was measured: watch from this rate on
-            self._rates[self.threads] = rate
+            self._rates[self.ladder[self._at]] = self._chosen = rate
             return
         if chosen * (1 - DRIFT) <= rate <= chosen / (1 - DRIFT):
             self._drifting = 0
@@ -422,9 +557,10 @@ class Tuner:
         self._drifting += 1
         if self._drifting >= DRIFT_WINDOWS:  # something changed: tune again from here
             self._rates.clear()
+            self._process_rates.clear()
             self._settled_after = None
             self._phase, self._drifting, self._held = "measure", 0, False
             self._why = f"tuning again (the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s)"
-            self._rates[self.threads] = rate
+            self._rates[self.ladder[self._at]] = rate
             self._best, self._leapt, self._filling = self._at, False, False
             self._step("up")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
+from ..machine import process_cpu_seconds
 from ..readers import reads_next
 from .processes import LoaderProcess, loaders
 from .slots import Slots, area_bytes
@@ -41,6 +42,18 @@ if TYPE_CHECKING:
 
 __all__ = ["RemoteFeed"]
 
+
+def _cpu_of(ref: weakref.ref[RemoteFeed]) -> Callable[[], float]:
+    """The CPU seconds of the loaders reading for the feed link ``ref`` (a weak reference: the
+    tuner that asks belongs to the feed)."""
+
+    def cpu() -> float:
+        remote = ref()
+        return 0.0 if remote is None else remote._cpu_seconds()
+
+    return cpu
+
+
 #: Groups held downstream of the feed at once (tf.data's prefetch, the group being split, the
 #: batch a consumer holds): slots kept beyond those being read.
 HELD_GROUPS = 4
@@ -58,6 +71,8 @@ class _Link:
     error: BaseException | None = None
     #: Slots each pass has asked this loader to fill and that have not come back.
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: Passes ended here whose end this loader has not confirmed yet.
+    ending: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -73,10 +88,12 @@ class _Asked:
     links: list[_Link]
     asked: int = 0
     in_flight: int = 0
+    #: The loader each group asked for was asked of, by its first step.
+    route: dict[int, _Link] = field(default_factory=dict)
 
     def link(self, first: int) -> _Link:
         """The loader that reads the group starting at step ``first``."""
-        return self.links[self.owner(first) % len(self.links)]
+        return self.route[first]
 
 
 class RemoteFeed:
@@ -108,8 +125,12 @@ class RemoteFeed:
         self._arrived: dict[tuple[int, int], Loaded | Raised] = {}
         self._ending: dict[int, int] = {}  # token -> loaders yet to confirm its end
         self._links: list[_Link] = []
+        self._live: dict[int, _Asked] = {}  # passes started and not ended, by token
+        self._joining: list[_Link] = []  # loaders added while reading, not registered yet
         self._ahead: _Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
+        if os.path.exists("/proc/self/stat"):  # what the loaders use tells the tuner whether
+            self.tuner.cpu = _cpu_of(weakref.ref(self))  # one more would pay
         weakref.finalize(self, RemoteFeed._close, self.feed_id, self._links, self._fds)
 
     # -- connecting ---------------------------------------------------------------------------------
@@ -157,14 +178,77 @@ class RemoteFeed:
             self._send_slots(link, range(first, first + count), retire)
 
     def _check_links(self) -> None:
-        """Restart dead loaders, and wait until every loader has unpickled the feed."""
-        if any(link.error is not None or not link.process.alive() for link in self._links):
+        """Restart dead loaders, and wait until every loader has unpickled the feed (those
+        joining while reading are waited for by :meth:`_fit_loaders`)."""
+        if any(link.error is not None or not link.process.alive() for link in self._serving()):
             self._connect()
-        while not all(link.registered for link in self._links):
+        while not all(link.registered for link in self._serving()):
             self._pump()
-        for link in self._links:
+        for link in self._serving():
             if link.error is not None:
                 raise link.error
+
+    def _serving(self) -> list[_Link]:
+        return [link for link in self._links if link not in self._joining]
+
+    # -- how many loaders (tuned while reading) --------------------------------------------------
+    def _reading(self) -> list[_Link]:
+        """The loaders groups are asked of now: as many as the tuner says, of those serving."""
+        count = max(1, self.tuner.processes)
+        return [link for link in self._links[:count] if link not in self._joining]
+
+    def _fit_loaders(self) -> None:
+        """Start the loaders the tuner asks for beyond those serving (they join every pass
+        under way and are asked for groups once registered; the tuner counts from then on),
+        and let go of those beyond it once they have no group to deliver."""
+        count = max(1, self.tuner.processes)
+        if count > len(self._links) and not self._joining:
+            self._grow(count)
+        if self._joining and all(link.registered for link in self._joining):
+            joined, self._joining = self._joining, []
+            for link in joined:
+                if link.error is not None:  # could not start: read with those there are
+                    self._retire(link)
+            self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+        if len(self._links) > count and not self._joining:
+            for link in self._links[count:]:
+                if not link.slots:
+                    self._retire(link)
+
+    def _grow(self, count: int) -> None:
+        with self._cond:
+            before = list(self._links)
+            self.processes = count
+            self._connect()
+            self._joining = [link for link in self._links if link not in before]
+            for link in self._joining:
+                for live in self._live.values():
+                    self._send(link, StartEpoch(live.token, live.epoch, live.start_step))
+                    live.links.append(link)
+
+    def _retire(self, link: _Link) -> None:
+        """Stop asking ``link``'s loader for this feed's groups (it has none to deliver): its
+        side of the feed ends when the link closes."""
+        with self._cond:
+            if link in self._links:
+                self._links.remove(link)
+            for live in self._live.values():
+                if link in live.links:
+                    live.links.remove(link)
+            for slot in link.slots:
+                self.slots.release(slot)
+            link.slots.clear()
+            for token in link.ending:
+                self._confirm_end(token)
+            link.ending.clear()
+            self.processes = len(self._links)
+        with contextlib.suppress(OSError):
+            link.channel.close()
+        loaders().release(self.feed_id, link.process)
+
+    def _cpu_seconds(self) -> float:
+        """CPU seconds used by the loaders reading (see :func:`~..machine.process_cpu_seconds`)."""
+        return sum(process_cpu_seconds(link.process.pid) for link in self._reading())
 
     # -- messages --------------------------------------------------------------------------------
     def _send(self, link: _Link, message: Any, fds: Sequence[int] = ()) -> None:
@@ -214,11 +298,8 @@ class RemoteFeed:
                 if token == message.token:
                     del link.slots[slot]
                     self.slots.release(slot)
-            left = self._ending.get(message.token, 1) - 1
-            if left > 0:
-                self._ending[message.token] = left
-            else:
-                self._ending.pop(message.token, None)
+            link.ending.discard(message.token)
+            self._confirm_end(message.token)
         elif isinstance(message, Registered):
             link.registered = True
             if message.error is not None:
@@ -230,6 +311,14 @@ class RemoteFeed:
                     "script itself), or pass `processes=0` to read in this process."
                 )
                 link.error.__cause__ = RemoteTraceback(failed.trace)
+
+    def _confirm_end(self, token: int) -> None:
+        """One loader fewer to confirm the end of the pass ``token``."""
+        left = self._ending.get(token, 1) - 1
+        if left > 0:
+            self._ending[token] = left
+        else:
+            self._ending.pop(token, None)
 
     def _lost(self, link: _Link) -> None:
         if link.error is not None:
@@ -256,10 +345,9 @@ class RemoteFeed:
             for slot in link.slots:
                 self.slots.release(slot)
             link.slots.clear()
-            for token in list(self._ending):
-                self._ending[token] -= 1
-                if self._ending[token] <= 0:
-                    del self._ending[token]
+            for token in link.ending:
+                self._confirm_end(token)
+            link.ending.clear()
 
     # -- epochs ------------------------------------------------------------------------------------
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
@@ -276,15 +364,16 @@ class RemoteFeed:
         began = time.perf_counter()
         try:
             for first, stop in asked.todo:
+                self._fit_loaders()
                 threads = tuner.threads
-                wanted = (threads + 1) * len(asked.links)
+                wanted = (threads + 1) * len(self._reading())
                 self._ask(asked, threads, wanted, asked.in_flight)
                 if follow and asked.asked == len(asked.todo):
                     after, follow = self._follow(epoch, began), False
                 if after is not None:  # within the same groups in flight
                     self._ask(after, threads, wanted, asked.in_flight + after.in_flight)
                 waiting = time.perf_counter()
-                message = self._await(asked.token, first, asked.link(first))
+                message = self._await(asked.token, first, asked.route.pop(first))
                 waited = time.perf_counter() - waiting
                 asked.in_flight -= 1
                 if isinstance(message, Raised):
@@ -317,9 +406,11 @@ class RemoteFeed:
             links = list(self._links)
             for link in links:
                 self._send(link, StartEpoch(token, epoch, start_step))
-        return _Asked(
-            token, epoch, start_step, feed.groups(start_step), feed.group_owner(epoch), links
-        )
+            asked = _Asked(
+                token, epoch, start_step, feed.groups(start_step), feed.group_owner(epoch), links
+            )
+            self._live[token] = asked
+        return asked
 
     def _follow(self, epoch: int, began: float) -> _Asked | None:
         """The pass over the next epoch, started now, if the pass over ``epoch`` that began at
@@ -366,12 +457,13 @@ class RemoteFeed:
     def _ask(self, asked: _Asked, threads: int, wanted: int, in_flight: int) -> None:
         """Ask for the next groups of a pass while fewer than ``wanted`` (of every pass) are in
         flight and slots are free or can be made."""
+        reading = self._reading()
         while asked.asked < len(asked.todo) and in_flight < wanted:
             slot = self._slot(in_flight, wanted)
             if slot is None:
                 break
             a, b = asked.todo[asked.asked]
-            link = asked.link(a)
+            link = asked.route[a] = reading[asked.owner(a) % len(reading)]
             with self._cond:
                 link.slots[slot] = (asked.token, a)
             self._send(link, Read(asked.token, a, b, slot, threads))
@@ -416,16 +508,19 @@ class RemoteFeed:
 
     def _end(self, token: int, links: list[_Link]) -> None:
         with self._cond:
+            self._live.pop(token, None)
             for key in [k for k in self._arrived if k[0] == token]:
                 self.slots.release(self._arrived.pop(key).slot)
             live = [link for link in links if link.error is None]
             if live:
                 self._ending[token] = len(live)
             for link in live:
+                link.ending.add(token)
                 try:
                     link.channel.send(EndEpoch(token))
                 except Exception:  # the loader is gone (or this interpreter is exiting)
-                    self._ending[token] -= 1
+                    link.ending.discard(token)
+                    self._confirm_end(token)
 
     @staticmethod
     def _close(feed_id: int, links: list[_Link], fds: dict[int, int]) -> None:

@@ -113,12 +113,13 @@ class _Loaders:
                     timer.cancel()
             return taken
 
-    def release(self, feed_id: int) -> None:
-        """The feed ``feed_id`` is gone: loaders that serve no other feed stop soon."""
+    def release(self, feed_id: int, only: LoaderProcess | None = None) -> None:
+        """The feed ``feed_id`` is gone (or no longer read by the loader ``only``): loaders
+        that serve no other feed stop soon."""
         with self._lock:
             if self._pid != os.getpid():
                 return
-            for process in self._processes:
+            for process in self._processes if only is None else [only]:
                 users = self._users.get(process.pid, set())
                 users.discard(feed_id)
                 if not users and process.pid not in self._timers:
