@@ -202,18 +202,21 @@ class RemoteFeed:
         under way and are asked for groups once registered; the tuner counts from then on),
         and let go of those beyond it once they have no group to deliver."""
         count = max(1, self.tuner.processes)
-        if count > len(self._links) and not self._joining:
-            self._grow(count)
-        if self._joining and all(link.registered for link in self._joining):
-            joined, self._joining = self._joining, []
-            for link in joined:
-                if link.error is not None:  # could not start: read with those there are
-                    self._retire(link)
-            self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
-        if len(self._links) > count and not self._joining:
-            for link in self._links[count:]:
-                if not link.slots:
-                    self._retire(link)
+        if count == len(self._links) and not self._joining:
+            return
+        with self._cond:  # (two passes of one feed may be read at once)
+            if count > len(self._links) and not self._joining:
+                self._grow(count)
+            if self._joining and all(link.registered for link in self._joining):
+                joined, self._joining = self._joining, []
+                for link in joined:
+                    if link.error is not None:  # could not start: read with those there are
+                        self._retire(link)
+                self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+            if len(self._links) > count and not self._joining:
+                for link in self._links[count:]:
+                    if not link.slots:
+                        self._retire(link)
 
     def _grow(self, count: int) -> None:
         with self._cond:
