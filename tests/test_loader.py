@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.loader.processes import LINGER_SECONDS, loaders
+from arrayfeed._pipeline.loader.processes import LINGER_SECONDS, LoaderProcess, loaders
 from arrayfeed._pipeline.tuning import Tuner
 
 from ._feeds import image_files
@@ -564,3 +564,23 @@ def test_loaders_join_while_reading_and_are_let_go_when_no_longer_asked_for(
     while second.alive() and time.monotonic() < deadline:  # ... and, serving no feed, stops
         time.sleep(0.1)
     assert not second.alive() and first.alive()
+
+
+def test_a_loader_that_cannot_start_leaves_reading_to_those_there_are(
+    files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=10, seed=4, processes=1)
+    remote = b._feed._remote
+    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
+    started = []
+
+    def refused(self: Any) -> None:
+        started.append(1)
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(LoaderProcess, "__init__", refused)
+    got = _epochs(b, 2)
+    assert started == [1] and tuner.ready  # tried once, and the tuner told
+    assert len(remote._links) == 1
+    _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), 2))

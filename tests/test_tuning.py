@@ -554,9 +554,12 @@ class Loaders:
             tuner.delivered(round(rate(tuner.threads, self.reading) * interval))
 
 
-def loader_tuner(start: int = 2, cap: int = 64, most: int = 8) -> tuple[Tuner, list[float]]:
+def loader_tuner(
+    start: int = 2, cap: int = 64, most: int = 8, cores: float | None = None
+) -> tuple[Tuner, list[float]]:
     clock = [0.0]
-    return Tuner(start, cap, processes=1, most_processes=most, clock=lambda: clock[0]), clock
+    tuner = Tuner(start, cap, processes=1, most_processes=most, cores=cores, clock=lambda: clock[0])
+    return tuner, clock
 
 
 def test_more_loaders_while_they_deliver_more() -> None:
@@ -634,3 +637,22 @@ def test_a_tuner_reading_in_this_process_has_no_loaders_to_tune() -> None:
     report = tuner.report()
     assert report.processes == 0 and not report.process_rates
     assert "loader" not in str(report)
+
+
+def test_loaders_that_keep_the_cores_busy_get_no_company() -> None:
+    """Threads decoding on every core: another loader would have no core to run on."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+    loaders = Loaders(tuner, clock, busy=1.6)
+    loaders.drive(lambda threads, processes: 1e4 * min(threads, 2), 20)
+    report = tuner.report()
+    assert report.processes == 1 and not report.process_rates and report.settled
+    assert "1 loader process: they used 1.6 of the 2 cores: none is left for more" in report.why
+
+
+def test_loaders_stop_where_the_cores_are_used() -> None:
+    tuner, clock = loader_tuner(most=8, cores=4)
+    loaders = Loaders(tuner, clock)  # each uses a core
+    loaders.drive(lambda threads, processes: 1e4 * processes, 30)
+    report = tuner.report()
+    assert report.processes == 4 and sorted(report.process_rates) == [1, 2, 3, 4], report
+    assert "4 loader processes: they used 4.0 of the 4 cores" in report.why

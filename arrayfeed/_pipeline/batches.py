@@ -92,8 +92,8 @@ class Batches:
 
     @property
     def tuning(self) -> Tuning:
-        """How many groups are read at once, and why: tuned while reading unless
-        ``num_threads`` fixed it (see :func:`arrayfeed.tuning`)."""
+        """How many groups are read at once, by how many loader processes, and why: tuned
+        while reading unless ``num_threads`` fixed it (see :func:`arrayfeed.tuning`)."""
         return self._feed.tuning
 
     @property
@@ -160,8 +160,9 @@ def _is_ndarray(obj: Any) -> bool:
 
 
 def tuning(data: Any) -> Tuning:
-    """How the reading of ``data`` runs: the groups read at once, whether and how they were
-    tuned, and the rows per second each setting tried delivered.
+    """How the reading of ``data`` runs: the groups read at once, the loader processes reading
+    them, whether and how they were tuned, and the rows per second each setting tried
+    delivered.
 
     ``data``: what :func:`arrayfeed.batches` returns, or a dataset of
     :func:`arrayfeed.from_arrays` (also behind ``tf.data`` transformations such as ``map``).

@@ -198,13 +198,15 @@ class Feed:
         # groups, of a slow map_batch say, would otherwise skip whole passes after a move).
         # Loader processes by default: as many as there are cores at most (those not worth
         # it are not tried, see :data:`~.tuning.PROCESS_BUSY`); those asked for stay.
-        most = usable_cores() if self.processes and not self.loader_required else self.processes
+        cores = usable_cores()
+        most = cores if self.processes and not self.loader_required else self.processes
         return Tuner(
             start,
             cap,
             ahead=min(self._groups_decoded_ahead, cap + 1),
             processes=self.processes,
             most_processes=most,
+            cores=cores,
         )
 
     @property

@@ -71,8 +71,8 @@ class FeedArgs:
             any), one more requested ahead. By default they are tuned while reading: they start
             at one per core (at most 4, or 8 when ``map_batch`` runs in them) and move to the
             setting that delivers the most rows per second to the consumer, a tie going to
-            fewer (see :func:`arrayfeed.tuning`). Either way the batches and their order are
-            the same.
+            fewer (see :func:`arrayfeed.tuning`). Given, it fixes the loaders too (one, by
+            default). Either way the batches and their order are the same.
         start_epoch: Epoch of the first iteration (resuming); later iterations are the epochs
             after it. With the same ``seed``, the stream is exactly the one an uninterrupted run
             produces from that point on.
@@ -98,12 +98,14 @@ class FeedArgs:
         processes: Loader processes that read the batches beside this one (index planning,
             reads, decoding, checksums, ``map_batch``: everything), handing each group over in
             shared memory, so that this process (the training loop) only takes finished batches.
-            ``None`` (the default): one loader when every leaf can be read from another process
+            ``None`` (the default): loaders when every leaf can be read from another process
             (paths, URLs, ``h5py`` / Zarr arrays of files opened read-only, ``np.load(...,
             mmap_mode="r")`` memory maps; in-memory arrays up to 64 MiB travel with them), the
             batches are dense, ``map_batch`` can be pickled and this process may use two cores
-            or more; otherwise (and when every leaf is an array in memory) reader threads in
-            this process. ``0``: reader threads in this
+            or more — one, and more while the loaders reading are busy and one more delivers
+            more rows per second (tuned while reading, up to one per usable core, unless
+            ``num_threads`` is given); otherwise (and when every leaf is an array in memory)
+            reader threads in this process. ``0``: reader threads in this
             process. ``N``: N loaders, the groups dealt out among them (for a ``map_batch`` that
             holds the GIL). The stream is the same, bit for bit, wherever it is read. Loaders
             start with the dataset (a new interpreter each, never a fork: ``map_batch`` and its

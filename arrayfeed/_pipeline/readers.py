@@ -176,6 +176,10 @@ class EpochPass:
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
+        #: Loaders reading this pass, each taking every ``stride``-th window of a block shuffle
+        #: (see :meth:`~.loader.client.RemoteFeed._ask`): the next window this one reads is
+        #: ``stride`` windows on.
+        self.stride = 1
         #: ``(first, stop)`` of the groups :meth:`fill` has not submitted yet (none until
         #: :meth:`plan`), and ``(steps, future)`` of those submitted and not taken, in order.
         self.todo: deque[tuple[int, int]] = deque()
@@ -230,7 +234,7 @@ class EpochPass:
             self._pool.submit(self.indices.prepare, block + 1)
         if self._caches:  # read the next window while groups are served from this one
             last = min(stop * feed.plan.batch_size, feed.plan.rows_per_epoch) - 1
-            ahead = self._caches[0].order.window_at(last) + 1
+            ahead = self._caches[0].order.window_at(last) + self.stride
             if ahead not in self._warmed:
                 self._warmed.add(ahead)
                 # With one thread, decoding the next window would hold back this one's groups:

@@ -1,4 +1,4 @@
-"""Concurrency that tunes itself: how many reader threads, found while reading.
+"""Concurrency that tunes itself: how many reader threads and loaders, found while reading.
 
 No single number of reader threads suits every storage: memory-bound reads (``.npy``) peak at a few,
 CPU-bound decoding (gzip) at one per core, and reads that wait (object storage, a ``map_batch``
@@ -26,6 +26,16 @@ climbing a ladder of settings and measuring what reaches the consumer:
 4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
+Loader processes (when a feed is read by loaders and their number was not given) are tuned
+once the threads have settled: while the loaders reading used at least :data:`PROCESS_BUSY` of a
+core each while the chosen setting was measured (``cpu``: a loader that waits gains nothing from
+another beside it), and as much is left of the ``cores``, one more is tried (:data:`PROCESS_LADDER`, up to ``most_processes``); it
+counts from when the reading side says it is reading (:meth:`Tuner.processes_ready`: starting
+one takes about a second, while the loaders before it deliver), measured twice, the larger
+counting, and is kept when it delivers :data:`GAIN` times the best so far. The groups in flight
+in all loaders together stay within what one loader's ``cap`` allows (:attr:`Tuner.threads`
+reads fewer in each).
+
 After a move, the groups asked for at the setting before (and those of a window decoded ahead,
 ``ahead``) are not counted; a window in which a pass starts ends with that pass (see
 :meth:`Tuner.pass_started`), and the time between passes is not counted. Short passes are read ahead
@@ -44,8 +54,9 @@ only says how many; groups are still read into their own buffers and taken in or
 changes how fast batches come, never which or in which order.
 
 Pure logic, starting no thread and doing no I/O: the reading side (:meth:`~.feed.Feed.epoch`,
-:meth:`~.loader.client.RemoteFeed.epoch`) asks :attr:`Tuner.threads` before each request and
-reports each group it hands over with :meth:`Tuner.delivered`.
+:meth:`~.loader.client.RemoteFeed.epoch`) asks :attr:`Tuner.threads` (and
+:attr:`Tuner.processes`) before each request and reports each group it hands over with
+:meth:`Tuner.delivered`; the loaders' CPU time comes from the ``cpu`` it is given.
 """
 
 from __future__ import annotations
@@ -77,9 +88,10 @@ LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Loader process counts tried, in order (those up to a feed's most), once the threads are tuned.
 PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
 #: More loader processes are tried only when those reading used at least this share of a core
-#: each while the chosen setting was measured: a loader that waits (on object storage, say)
-#: gains nothing from a second interpreter, one bound by its interpreter's lock (a ``map_batch``
-#: looping in Python, request signing) gains nearly in proportion.
+#: each while the chosen setting was measured, and as much is left of the cores: a loader that
+#: waits (on object storage, say) gains nothing from a second interpreter, nor one whose
+#: threads keep the cores busy (decoding gzip on each core); one bound by its interpreter's lock
+#: (a ``map_batch`` looping in Python, request signing) gains nearly in proportion.
 PROCESS_BUSY = 0.7
 #: Seconds of delivery each measurement covers (and at least :data:`WINDOW_GROUPS` groups).
 WINDOW_SECONDS = 0.3
@@ -178,6 +190,7 @@ class Tuner:
         ahead: int = 0,
         processes: int = 0,
         most_processes: int | None = None,
+        cores: float | None = None,
         cpu: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -199,8 +212,9 @@ class Tuner:
         self._p_first: float | None = None  # the first of two measurements of loaders tried
         self._process_rates: dict[int, float] = {}
         self._starting = False  # loaders starting: nothing is counted until they read
-        #: CPU seconds the loaders reading have used so far (None: unknown).
-        self.cpu = cpu
+        #: CPU seconds the loaders reading have used so far (None: unknown), and the cores they
+        #: may use in all (None: unknown).
+        self.cpu, self.cores = cpu, cores
         self._cpu_mark: tuple[float, float] | None = None  # (clock, cpu) at the window's opening
         self._busy: dict[int, float] = {}  # share of a core per loader, by threads setting
         self._chosen: float | None = None  # the rate the held setting was chosen at
@@ -496,8 +510,13 @@ class Tuner:
             return "as many as there are cores for"
         if self._budget // self.process_ladder[self._p_at + 1] - 1 < 1:
             return "the groups of more would not fit in the memory read ahead"
-        if share is not None and share < PROCESS_BUSY:
+        if share is None:
+            return None
+        if share < PROCESS_BUSY:
             return f"each used {share:.0%} of a core: more would wait beside them"
+        used = share * max(1, self.processes)
+        if self.cores is not None and used + PROCESS_BUSY > self.cores:
+            return f"they used {used:.1f} of the {self.cores:g} cores: none is left for more"
         return None
 
     def _add_loader(self) -> None:

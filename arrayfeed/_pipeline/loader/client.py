@@ -127,6 +127,7 @@ class RemoteFeed:
         self._links: list[_Link] = []
         self._live: dict[int, _Asked] = {}  # passes started and not ended, by token
         self._joining: list[_Link] = []  # loaders added while reading, not registered yet
+        self._no_more = False  # a loader could not be started: no more are tried
         self._ahead: _Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
         if os.path.exists("/proc/self/stat"):  # what the loaders use tells the tuner whether
@@ -205,8 +206,12 @@ class RemoteFeed:
         if count == len(self._links) and not self._joining:
             return
         with self._cond:  # (two passes of one feed may be read at once)
-            if count > len(self._links) and not self._joining:
-                self._grow(count)
+            if count > len(self._links) and not self._joining and not self._no_more:
+                try:
+                    self._grow(count)
+                except OSError:  # no more processes here: the tuner measures those there are
+                    self._no_more = True
+                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
             if self._joining and all(link.registered for link in self._joining):
                 joined, self._joining = self._joining, []
                 for link in joined:
@@ -469,7 +474,7 @@ class RemoteFeed:
             link = asked.route[a] = reading[asked.owner(a) % len(reading)]
             with self._cond:
                 link.slots[slot] = (asked.token, a)
-            self._send(link, Read(asked.token, a, b, slot, threads))
+            self._send(link, Read(asked.token, a, b, slot, threads, len(reading)))
             asked.asked += 1
             asked.in_flight += 1
             in_flight += 1

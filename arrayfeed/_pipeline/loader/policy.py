@@ -1,7 +1,7 @@
 """Where a feed is read: in loader processes, or in this process's reader threads.
 
-By default (``processes=None``) a feed is read by one loader process when that can give the same
-stream and pays: every leaf can be read from another process (files and URLs are opened again
+By default (``processes=None``) a feed is read by one loader process (more while more pay,
+tuned while reading: :mod:`..tuning`) when that can give the same stream and pays: every leaf can be read from another process (files and URLs are opened again
 there; small in-memory arrays travel with the feed), the batches are dense, and this process may
 run on at least two cores (on one, a loader only takes turns with the training loop). Otherwise,
 when every leaf is an array in memory (gathered here about as fast as anywhere), and when the

@@ -136,6 +136,7 @@ class FeedServer:
             state.running += 1
         try:
             state.reading.threads = message.threads
+            state.reading.stride = message.loaders
             future = state.reading.submit(message.first, message.stop, area)
         except BaseException as exc:
             self._done(message, state, area, None, exc)

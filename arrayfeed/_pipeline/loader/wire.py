@@ -90,13 +90,15 @@ class StartEpoch:
 @dataclass(frozen=True)
 class Read:
     """Read the group of steps ``[first, stop)`` of the pass ``token`` into ``slot``, with at
-    most ``threads`` of the pass's reads running at once (the consumer's tuner says how many)."""
+    most ``threads`` of the pass's reads running at once (the consumer's tuner says how many);
+    ``loaders`` read the pass, taking the windows of a block shuffle in turn."""
 
     token: int
     first: int
     stop: int
     slot: int
     threads: int
+    loaders: int = 1
 
 
 @dataclass(frozen=True)
