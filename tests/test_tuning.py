@@ -642,11 +642,24 @@ def test_a_tuner_reading_in_this_process_has_no_loaders_to_tune() -> None:
 def test_loaders_that_keep_the_cores_busy_get_no_company() -> None:
     """Threads decoding on every core: another loader would have no core to run on."""
     tuner, clock = loader_tuner(most=2, cores=2)
-    loaders = Loaders(tuner, clock, busy=1.6)
+    loaders = Loaders(tuner, clock, busy=1.7)
     loaders.drive(lambda threads, processes: 1e4 * min(threads, 2), 20)
     report = tuner.report()
     assert report.processes == 1 and not report.process_rates and report.settled
-    assert "1 loader process: they used 1.6 of the 2 cores: none is left for more" in report.why
+    assert "1 loader process: they used 1.7 of the 2 cores: none is left for more" in report.why
+
+
+def test_a_loader_held_back_by_its_interpreter_gets_company_in_the_cores_left() -> None:
+    """Two threads of a ``map_batch`` looping in Python use 1.5 cores in one loader (the GIL
+    lets them overlap only in their reads): half a core is left, and a second loader uses it."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+    loaders = Loaders(tuner, clock, busy=1.5)
+    loaders.drive(
+        lambda threads, processes: 1e4 * min(threads, 2) * (1.3 if processes > 1 else 1), 20
+    )
+    report = tuner.report()
+    assert (report.processes, report.settled) == (2, True), report
+    assert sorted(report.process_rates) == [1, 2]
 
 
 def test_loaders_stop_where_the_cores_are_used() -> None:

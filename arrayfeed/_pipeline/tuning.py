@@ -29,7 +29,7 @@ climbing a ladder of settings and measuring what reaches the consumer:
 Loader processes (when a feed is read by loaders and their number was not given) are tuned
 once the threads have settled: while the loaders reading used at least :data:`PROCESS_BUSY` of a
 core each while the chosen setting was measured (``cpu``: a loader that waits gains nothing from
-another beside it), and as much is left of the ``cores``, one more is tried (:data:`PROCESS_LADDER`, up to ``most_processes``); it
+another beside it), and left :data:`PROCESS_ROOM` of the ``cores`` unused, one more is tried (:data:`PROCESS_LADDER`, up to ``most_processes``); it
 counts from when the reading side says it is reading (:meth:`Tuner.processes_ready`: starting
 one takes about a second, while the loaders before it deliver), measured twice, the larger
 counting, and is kept when it delivers :data:`GAIN` times the best so far. The groups in flight
@@ -74,6 +74,7 @@ __all__ = [
     "LEAP",
     "PROCESS_BUSY",
     "PROCESS_LADDER",
+    "PROCESS_ROOM",
     "TIE",
     "WAITED_SHARE",
     "WHOLE_PASSES",
@@ -88,11 +89,14 @@ LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Loader process counts tried, in order (those up to a feed's most), once the threads are tuned.
 PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
 #: More loader processes are tried only when those reading used at least this share of a core
-#: each while the chosen setting was measured, and as much is left of the cores: a loader that
-#: waits (on object storage, say) gains nothing from a second interpreter, nor one whose
-#: threads keep the cores busy (decoding gzip on each core); one bound by its interpreter's lock
-#: (a ``map_batch`` looping in Python, request signing) gains nearly in proportion.
+#: each while the chosen setting was measured, and left :data:`PROCESS_ROOM` of the cores
+#: unused: a loader that waits (on object storage, say) gains nothing from a second
+#: interpreter, nor one whose threads keep every core busy (decoding gzip on each); one bound by
+#: its interpreter's lock (a ``map_batch`` looping in Python, request signing) gains with the
+#: cores left (2 cores: a ``map_batch`` looping in Python used 1.5 in one loader, and two read
+#: 1.2-1.7x as much).
 PROCESS_BUSY = 0.7
+PROCESS_ROOM = 0.4
 #: Seconds of delivery each measurement covers (and at least :data:`WINDOW_GROUPS` groups).
 WINDOW_SECONDS = 0.3
 WINDOW_GROUPS = 2
@@ -515,7 +519,7 @@ class Tuner:
         if share < PROCESS_BUSY:
             return f"each used {share:.0%} of a core: more would wait beside them"
         used = share * max(1, self.processes)
-        if self.cores is not None and used + PROCESS_BUSY > self.cores:
+        if self.cores is not None and used + PROCESS_ROOM > self.cores:
             return f"they used {used:.1f} of the {self.cores:g} cores: none is left for more"
         return None
 

@@ -1,8 +1,11 @@
 """The training process's side of a feed read by loader processes (:mod:`.processes`).
 
-:class:`RemoteFeed` is one feed's link to its loaders: it asks for each group of a pass by name (epoch, steps, slot), keeps a few in flight,
-and yields each as views of its slot, in order. Per group that is one small message each way and
-a view per leaf: no reading, decoding or planning, no row copied here.
+:class:`RemoteFeed` is one feed's link to its loaders: it asks for each group of a pass by name
+(epoch, steps, slot), keeps a few in flight, and yields each as views of its slot, in order. Per
+group that is one small message each way and a view per leaf: no reading, decoding or planning,
+no row copied here. The groups are dealt out among as many loaders as the tuner says
+(:mod:`..tuning`): a loader started while a pass is read joins it, and one no longer asked for
+leaves once it has delivered what it was asked for.
 """
 
 from __future__ import annotations
@@ -73,12 +76,15 @@ class _Link:
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)
     #: Passes ended here whose end this loader has not confirmed yet.
     ending: set[int] = field(default_factory=set)
+    #: Groups it has delivered (a loader that joined counts for the tuner from its first).
+    delivered: int = 0
 
 
 @dataclass
 class _Asked:
-    """A pass over ``epoch`` from ``start_step`` as asked of the loaders: its groups, the
-    loader each is read by, how many were asked for and how many of those are not taken yet."""
+    """A pass over ``epoch`` from ``start_step`` as asked of the loaders: its groups, the key
+    that deals them out, the loaders serving it, how many groups were asked for and how many of
+    those are not taken yet."""
 
     token: int
     epoch: int
@@ -88,12 +94,8 @@ class _Asked:
     links: list[_Link]
     asked: int = 0
     in_flight: int = 0
-    #: The loader each group asked for was asked of, by its first step.
+    #: The loader each group asked for and not yet taken was asked of, by its first step.
     route: dict[int, _Link] = field(default_factory=dict)
-
-    def link(self, first: int) -> _Link:
-        """The loader that reads the group starting at step ``first``."""
-        return self.route[first]
 
 
 class RemoteFeed:
@@ -127,6 +129,8 @@ class RemoteFeed:
         self._links: list[_Link] = []
         self._live: dict[int, _Asked] = {}  # passes started and not ended, by token
         self._joining: list[_Link] = []  # loaders added while reading, not registered yet
+        self._warming: list[_Link] = []  # loaders joined, reading, that have delivered nothing
+        self._warm_token = 0  # the last pass started when they joined
         self._no_more = False  # a loader could not be started: no more are tried
         self._ahead: _Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
@@ -200,10 +204,11 @@ class RemoteFeed:
 
     def _fit_loaders(self) -> None:
         """Start the loaders the tuner asks for beyond those serving (they join every pass
-        under way and are asked for groups once registered; the tuner counts from then on),
-        and let go of those beyond it once they have no group to deliver."""
+        under way and are asked for groups once registered; the tuner counts from their first
+        group on: the first opens the files, or the storage's connections, there), and let go
+        of those beyond it once they have no group to deliver."""
         count = max(1, self.tuner.processes)
-        if count == len(self._links) and not self._joining:
+        if count == len(self._links) and not self._joining and not self._warming:
             return
         with self._cond:  # (two passes of one feed may be read at once)
             if count > len(self._links) and not self._joining and not self._no_more:
@@ -217,6 +222,21 @@ class RemoteFeed:
                 for link in joined:
                     if link.error is not None:  # could not start: read with those there are
                         self._retire(link)
+                    else:
+                        self._warming.append(link)
+                self._warm_token = max(self._live, default=0)
+                if not self._warming:
+                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+            # Warm once each has delivered a group, or once a pass started since (an epoch of
+            # fewer groups than loaders may never deal one to it).
+            if self._warming and (
+                max(self._live, default=0) > self._warm_token
+                or all(
+                    link.delivered or link.error is not None or link not in self._links
+                    for link in self._warming
+                )
+            ):
+                self._warming = []
                 self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
             if len(self._links) > count and not self._joining:
                 for link in self._links[count:]:
@@ -297,6 +317,7 @@ class RemoteFeed:
     def _dispatch(self, link: _Link, message: Any) -> None:
         if isinstance(message, (Loaded, Raised)):
             link.slots.pop(message.slot, None)
+            link.delivered += 1
             if message.token in self._ending:
                 self.slots.release(message.slot)  # a pass gone: nothing will be lent from it
             else:
