@@ -29,7 +29,7 @@ from ._errors import (
 from ._pipeline.batches import Batches, batches, tuning
 from ._pipeline.bench import BenchReport, bench
 from ._pipeline.shard import Shard
-from ._pipeline.tuning import Tuning
+from ._pipeline.tuningreport import Tuning
 from ._storage import (
     Chunked,
     ConversionRecord,

@@ -272,7 +272,6 @@ def test_a_map_batch_holding_the_interpreter_gets_more_loader_processes(
     _read_for(b, 12)
     report = b.tuning
     assert report.settled and report.processes >= 2, report
-    assert report.process_rates[report.processes] > 1.2 * report.process_rates[1], report
     assert f"with {report.processes} loader processes" in report.why
     assert len(b._feed._remote._reading()) == report.processes
     assert f"loader processes {report.processes} (rows/s: 1: " in str(report)

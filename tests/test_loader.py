@@ -493,7 +493,8 @@ def test_a_loader_that_closes_its_link_while_alive_is_named_so() -> None:
     itself) is not reported as killed or crashed."""
     import threading
 
-    from arrayfeed._pipeline.loader.client import RemoteFeed, _Link
+    from arrayfeed._pipeline.loader.client import RemoteFeed
+    from arrayfeed._pipeline.loader.members import Link
 
     class Alive:
         pid = 4242
@@ -515,7 +516,7 @@ def test_a_loader_that_closes_its_link_while_alive_is_named_so() -> None:
             "link",
         ),
     ):
-        link = _Link(process, channel=None)  # type: ignore[arg-type]
+        link = Link(process, channel=None)  # type: ignore[arg-type]
         remote._lost(link)
         assert isinstance(link.error, af.LoaderError)
         assert re.search(says, str(link.error)), str(link.error)
@@ -527,13 +528,13 @@ class TwoThenOne(Tuner):
     second and found that it did not pay)."""
 
     def __init__(self) -> None:
-        self.loaders = 2
+        self.wanted = 2
         self.ready: list[int] = []
         super().__init__(2, 2, processes=1, most_processes=2)
 
     @property
     def processes(self) -> int:
-        return self.loaders
+        return self.wanted
 
     def processes_ready(self, in_flight: int) -> None:
         self.ready.append(in_flight)
@@ -555,7 +556,7 @@ def test_loaders_join_while_reading_and_are_let_go_when_no_longer_asked_for(
     second = remote._links[1].process
     assert second is not first and second.alive()
     got += _epochs(b, 1)  # read by both
-    tuner.loaders = 1
+    tuner.wanted = 1
     got += _epochs(b, 1)
     assert [link.process for link in remote._links] == [first]  # the second let go ...
     assert b._feed.tuning.threads == 2

@@ -533,7 +533,7 @@ class Loaders:
         self.cpu = 0.0
         self.starting_until: float | None = None
         self.seen_threads: list[tuple[int, int]] = []
-        tuner.cpu = lambda: self.cpu
+        tuner.loaders.cpu = lambda: self.cpu
 
     def drive(self, rate: Callable[[int, int], float], seconds: float) -> None:
         tuner, clock = self.tuner, self.clock

@@ -21,7 +21,7 @@ from .feed import Feed
 from .options import FeedArgs, takes_feed_args
 from .sparse import SparseFeed, to_scipy
 from .structure import flatten
-from .tuning import Tuning
+from .tuningreport import Tuning
 
 __all__ = ["Batches", "batches", "tuning"]
 

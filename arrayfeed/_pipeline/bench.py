@@ -30,7 +30,7 @@ from .._storage import (
     split_spec,
 )
 from .shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
-from .tuning import Tuning
+from .tuningreport import Tuning
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
 

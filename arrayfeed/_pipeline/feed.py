@@ -41,7 +41,8 @@ from .read import Allocator, BufferPool, read_rows
 from .readers import PassAhead, read_pass
 from .resident import Resident, resident_sources
 from .structure import Treedef
-from .tuning import LADDER, Tuner, Tuning
+from .tuning import LADDER, Tuner
+from .tuningreport import Tuning
 from .waits import wait_per_batch
 
 __all__ = ["Feed", "default_num_threads", "usable_cores"]

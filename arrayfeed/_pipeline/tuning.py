@@ -27,14 +27,10 @@ climbing a ladder of settings and measuring what reaches the consumer:
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
 Loader processes (when a feed is read by loaders and their number was not given) are tuned
-once the threads have settled: while the loaders reading used at least :data:`PROCESS_BUSY` of a
-core each while the chosen setting was measured (``cpu``: a loader that waits gains nothing from
-another beside it), and left :data:`PROCESS_ROOM` of the ``cores`` unused, one more is tried (:data:`PROCESS_LADDER`, up to ``most_processes``); it
-counts from when the reading side says it is reading (:meth:`Tuner.processes_ready`: starting
-one takes about a second, while the loaders before it deliver), measured twice, the larger
-counting, and is kept when it delivers :data:`GAIN` times the best so far. The groups in flight
-in all loaders together stay within what one loader's ``cap`` allows (:attr:`Tuner.threads`
-reads fewer in each).
+once the threads have settled, one more at a time while those reading are busy and a core is
+left (:mod:`.loadercount`); one tried counts from when the reading side says it reads
+(:meth:`Tuner.processes_ready`), measured twice, the larger counting, and is kept when it
+delivers :data:`GAIN` times the best so far.
 
 After a move, the groups asked for at the setting before (and those of a window decoded ahead,
 ``ahead``) are not counted; a window in which a pass starts ends with that pass (see
@@ -64,7 +60,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+from .loadercount import LoaderCount
+from .tuningreport import Tuning
 
 __all__ = [
     "CARRIED_PAUSE",
@@ -72,31 +70,16 @@ __all__ = [
     "GAIN",
     "LADDER",
     "LEAP",
-    "PROCESS_BUSY",
-    "PROCESS_LADDER",
-    "PROCESS_ROOM",
     "TIE",
     "WAITED_SHARE",
     "WHOLE_PASSES",
     "WINDOW_SECONDS",
     "WINDOW_SECONDS_MAX",
     "Tuner",
-    "Tuning",
 ]
 
 #: Settings tried, in order (those up to a feed's cap).
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: Loader process counts tried, in order (those up to a feed's most), once the threads are tuned.
-PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
-#: More loader processes are tried only when those reading used at least this share of a core
-#: each while the chosen setting was measured, and left :data:`PROCESS_ROOM` of the cores
-#: unused: a loader that waits (on object storage, say) gains nothing from a second
-#: interpreter, nor one whose threads keep every core busy (decoding gzip on each); one bound by
-#: its interpreter's lock (a ``map_batch`` looping in Python, request signing) gains with the
-#: cores left (2 cores: a ``map_batch`` looping in Python used 1.5 in one loader, and two read
-#: 1.2-1.7x as much).
-PROCESS_BUSY = 0.7
-PROCESS_ROOM = 0.4
 #: Seconds of delivery each measurement covers (and at least :data:`WINDOW_GROUPS` groups).
 WINDOW_SECONDS = 0.3
 WINDOW_GROUPS = 2
@@ -139,46 +122,6 @@ _DOING = {
 }
 
 
-@dataclass(frozen=True)
-class Tuning:
-    """What a dataset's reading runs with, and why (see :func:`arrayfeed.tuning`).
-
-    Attributes:
-        threads: Reader threads: groups read at once, in this process or in each loader (one
-            more group is requested ahead), as ``num_threads`` would set them.
-        tuned: Whether ``threads`` is tuned while reading (False: fixed by ``num_threads``).
-        settled: Whether tuning has settled (always True when not tuned).
-        rates: Rows per second delivered at each setting tried, the latest measurement of each
-            (of the best when the climb ended, the larger of its last two: see :class:`Tuner`).
-        why: How ``threads`` was chosen, in words.
-        settled_after: Seconds of reading (from the first group delivered) until tuning last
-            settled; None while it has not.
-        processes: Loader processes reading (0: this process reads, in its reader threads).
-        process_rates: Rows per second delivered with each number of loader processes tried,
-            when more were tried (with ``threads`` in each, or fewer where the groups read ahead
-            would not fit: see :class:`Tuner`).
-    """
-
-    threads: int
-    tuned: bool
-    settled: bool
-    rates: dict[int, float] = field(default_factory=dict)
-    why: str = ""
-    settled_after: float | None = None
-    processes: int = 0
-    process_rates: dict[int, float] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        tried = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(self.rates.items()))
-        line = f"threads {self.threads} ({self.why}); rows/s per setting: {tried or 'none yet'}"
-        if self.processes > 1 or self.process_rates:
-            counts = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(self.process_rates.items()))
-            line += f"; loader processes {self.processes}" + (
-                f" (rows/s: {counts})" if counts else ""
-            )
-        return line
-
-
 class Tuner:
     """Reader threads, tuned online (see the module docstring); ``fixed`` holds them.
     ``ahead``: groups whose data the reading may have prepared beyond the groups in flight (the
@@ -204,23 +147,16 @@ class Tuner:
         self.ladder = sorted(
             {s for s in LADDER if s <= self.cap} | {min(start, self.cap), self.cap}
         )
-        most = processes if most_processes is None else max(processes, most_processes)
-        self.process_ladder = sorted(
-            {p for p in PROCESS_LADDER if processes <= p <= most} | {processes, most}
+        #: The loader processes (see :mod:`.loadercount`): groups in flight in all of them stay
+        #: within what one may read ahead.
+        self.loaders = LoaderCount(
+            processes,
+            processes if most_processes is None else most_processes,
+            (self.cap + 1) * max(1, processes),
+            cores,
+            cpu,
+            GAIN,
         )
-        # Groups in flight at most, in all loaders together: more loaders read fewer groups each.
-        self._budget = (self.cap + 1) * max(1, processes)
-        self._p_at = 0
-        self._p_best = 0
-        self._p_rate = 0.0  # what the best number of loaders delivered
-        self._p_first: float | None = None  # the first of two measurements of loaders tried
-        self._process_rates: dict[int, float] = {}
-        self._starting = False  # loaders starting: nothing is counted until they read
-        #: CPU seconds the loaders reading have used so far (None: unknown), and the cores they
-        #: may use in all (None: unknown).
-        self.cpu, self.cores = cpu, cores
-        self._cpu_mark: tuple[float, float] | None = None  # (clock, cpu) at the window's opening
-        self._busy: dict[int, float] = {}  # share of a core per loader, by threads setting
         self._chosen: float | None = None  # the rate the held setting was chosen at
         self._thread_reason = ""
         self._clock = clock
@@ -260,20 +196,24 @@ class Tuner:
     def threads(self) -> int:
         """Groups to read at once now, in this process or in each loader (and one more to
         request ahead): the setting, or fewer where the groups of every loader would not fit."""
-        setting = self.ladder[self._at]
-        return max(1, min(setting, self._budget // max(1, self.processes) - 1))
+        return self.loaders.threads(self.ladder[self._at])
 
     @property
     def processes(self) -> int:
         """Loader processes to read with now (0: this process reads)."""
-        return self.process_ladder[self._p_at]
+        return self.loaders.count
+
+    @property
+    def process_ladder(self) -> list[int]:
+        """Loader process counts that may be tried."""
+        return self.loaders.ladder
 
     def processes_ready(self, in_flight: int) -> None:
         """The loaders :attr:`processes` asked for are reading (started, or found unable to);
         ``in_flight``: groups asked for before, not counted."""
         with self._lock:
-            if self._starting:
-                self._starting, self._skip, self._window_start = False, in_flight, None
+            if self.loaders.starting:
+                self.loaders.starting, self._skip, self._window_start = False, in_flight, None
 
     def pass_started(self, carried: int = 0, whole: bool = False) -> None:
         """A pass starts (an epoch, or a validation run). The time since the last group (the
@@ -335,7 +275,7 @@ class Tuner:
             self._last = now
             if self._first is None:
                 self._first = now
-            if self._starting:  # read by the loaders before those starting: not counted
+            if self.loaders.starting:  # read by the loaders before those starting: not counted
                 return
             if self._skip:  # requested at the setting before a move, or read during a pause
                 self._skip -= 1
@@ -368,17 +308,13 @@ class Tuner:
     def _open(self, now: float) -> None:
         self._window_start = self._opened = self._mark = now
         self._rows, self._groups, self._starts, self._due = 0, 0, 0, False
-        self._cpu_mark = None if self.cpu is None else (self._clock(), self.cpu())
+        self.loaders.opened(self._clock())
 
     def _close(self, now: float) -> None:
         assert self._window_start is not None
         rate = self._rows / max(now - self._window_start, 1e-9)
         self._window_start = None
-        if self.cpu is not None and self._cpu_mark is not None:  # a share of a core per loader
-            began, used = self._cpu_mark
-            seconds = max(self._clock() - began, 1e-9)
-            share = (self.cpu() - used) / seconds / max(1, self.processes)
-            self._busy[self.threads] = share
+        self.loaders.closed(self._clock(), self.threads)
         self._decide(rate)
         if self._window_start is None and not self._skip:  # no move: the next window starts now
             self._open(now)
@@ -394,7 +330,7 @@ class Tuner:
                 why=self._why if settled else f"{self._why}: {_DOING[self._phase]}",
                 settled_after=self._settled_after,
                 processes=self.processes,
-                process_rates=dict(self._process_rates),
+                process_rates=dict(self.loaders.rates),
             )
 
     # -- the ladder ---------------------------------------------------------------------------------
@@ -405,7 +341,9 @@ class Tuner:
         elif self._phase == "warm-up":
             self._phase = "measure"
         elif self._phase == "processes":
-            self._more_loaders(rate)
+            why = self.loaders.measured(rate, self.threads)
+            if why is not None:
+                self._loaders_settle(why)
         else:
             self._climb(rate, self.ladder[self._at])
         if (self.threads, self.processes) != (here, loaders):
@@ -489,11 +427,10 @@ class Tuner:
         self._settled_after = self._reading_seconds()
         self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
         self._thread_reason = reason
-        why_not = self._why_no_more_loaders(self._busy.get(self.threads))
-        if why_not is None:
-            self._p_best, self._p_rate = self._p_at, rate
-            self._process_rates[self.processes] = rate
-            self._add_loader()
+        why_not = self.loaders.why_not_more(self.threads)
+        if why_not is None:  # one more loader next
+            self.loaders.begin(rate)
+            self._phase, self._settled_after = "processes", None
         elif len(self.process_ladder) > 1:
             loaders = self.processes
             self._why = (
@@ -505,62 +442,21 @@ class Tuner:
             return None
         return self._last - self._first
 
-    # -- loader processes ---------------------------------------------------------------------------
-    def _why_no_more_loaders(self, share: float | None) -> str | None:
-        """Why one more loader would not pay (None: it may): there is none more to try (one
-        per usable core at most), its groups would not fit, or those reading were not busy (a
-        share of a core each below :data:`PROCESS_BUSY`; an unknown share tries)."""
-        if self._p_at + 1 >= len(self.process_ladder):
-            return "as many as there are cores for"
-        if self._budget // self.process_ladder[self._p_at + 1] - 1 < 1:
-            return "the groups of more would not fit in the memory read ahead"
-        if share is None:
-            return None
-        if share < PROCESS_BUSY:
-            return f"each used {share:.0%} of a core: more would wait beside them"
-        used = share * max(1, self.processes)
-        if self.cores is not None and used + PROCESS_ROOM > self.cores:
-            return f"they used {used:.1f} of the {self.cores:g} cores: none is left for more"
-        return None
-
-    def _add_loader(self) -> None:
-        """Try the next number of loaders up (nothing is counted until they read), measuring
-        them twice: what they are compared with is the larger of two measurements too."""
-        self._p_at, self._p_first = self._p_at + 1, None
-        self._phase, self._starting, self._settled_after = "processes", True, None
-
-    def _more_loaders(self, rate: float) -> None:
-        # Measured twice, the larger counting, as what it is compared with (see _settle).
-        if self._p_first is None:
-            self._p_first = rate
-            return
-        rate, self._p_first = max(rate, self._p_first), None
-        loaders = self.processes
-        self._process_rates[loaders] = rate
-        if rate > self._p_rate * GAIN:
-            self._p_best, self._p_rate = self._p_at, rate
-            why_not = self._why_no_more_loaders(self._busy.get(self.threads))
-            if why_not is None:
-                self._add_loader()
-            else:
-                self._loaders_settle(f"{loaders} loader processes: {why_not}")
-        else:
-            self._loaders_settle(f"{loaders} loader processes did not deliver more")
-
     def _loaders_settle(self, reason: str) -> None:
-        self._p_at, self._phase, self._drifting = self._p_best, "settled", 0
-        self._chosen = self._p_rate
+        """The loaders tried are measured: settled at the best count (see :mod:`.loadercount`)."""
+        self._phase, self._drifting = "settled", 0
+        self._chosen = rate = self.loaders.best_rate
         self._settled_after = self._reading_seconds()
         loaders = f" with {self.processes} loader processes" if self.processes > 1 else ""
         self._why = (
-            f"tuned: {self._p_rate:,.0f} rows/s{loaders}, best of those tried "
+            f"tuned: {rate:,.0f} rows/s{loaders}, best of those tried "
             f"({self._thread_reason}; {reason})"
         )
 
     def _hold(self) -> None:
         """Hold the setting: reading keeps ahead of the consumer (see the module docstring)."""
         if self._phase == "processes":  # loaders starting or measured: back to those before
-            self._p_at, self._starting = self._p_best, False
+            self.loaders.back()
         self._best, self._phase, self._drifting, self._held = self._at, "settled", 0, True
         self._chosen = self._rates.get(self.ladder[self._at])
         self._settled_after = self._reading_seconds()
@@ -580,7 +476,7 @@ class Tuner:
         self._drifting += 1
         if self._drifting >= DRIFT_WINDOWS:  # something changed: tune again from here
             self._rates.clear()
-            self._process_rates.clear()
+            self.loaders.rates.clear()
             self._settled_after = None
             self._phase, self._drifting, self._held = "measure", 0, False
             self._why = f"tuning again (the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s)"

@@ -17,19 +17,17 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
-from ..machine import process_cpu_seconds
 from ..readers import reads_next
-from .processes import LoaderProcess, loaders
+from .members import Asked, Link, LoaderCountMixin, cpu_of
+from .processes import loaders
 from .slots import Slots, area_bytes
 from .wire import (
     MAX_FDS,
     AddSlots,
-    Channel,
     EndEpoch,
     EpochEnded,
     Loaded,
@@ -46,17 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["RemoteFeed"]
 
 
-def _cpu_of(ref: weakref.ref[RemoteFeed]) -> Callable[[], float]:
-    """The CPU seconds of the loaders reading for the feed link ``ref`` (a weak reference: the
-    tuner that asks belongs to the feed)."""
-
-    def cpu() -> float:
-        remote = ref()
-        return 0.0 if remote is None else remote._cpu_seconds()
-
-    return cpu
-
-
 #: Groups held downstream of the feed at once (tf.data's prefetch, the group being split, the
 #: batch a consumer holds): slots kept beyond those being read.
 HELD_GROUPS = 4
@@ -64,41 +51,7 @@ HELD_GROUPS = 4
 POLL_SECONDS = 0.5
 
 
-@dataclass
-class _Link:
-    """One loader serving this feed: its process and the feed's channel to it."""
-
-    process: LoaderProcess
-    channel: Channel
-    registered: bool = False
-    error: BaseException | None = None
-    #: Slots each pass has asked this loader to fill and that have not come back.
-    slots: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: Passes ended here whose end this loader has not confirmed yet.
-    ending: set[int] = field(default_factory=set)
-    #: Groups it has delivered (a loader that joined counts for the tuner from its first).
-    delivered: int = 0
-
-
-@dataclass
-class _Asked:
-    """A pass over ``epoch`` from ``start_step`` as asked of the loaders: its groups, the key
-    that deals them out, the loaders serving it, how many groups were asked for and how many of
-    those are not taken yet."""
-
-    token: int
-    epoch: int
-    start_step: int
-    todo: list[tuple[int, int]]
-    owner: Callable[[int], int]
-    links: list[_Link]
-    asked: int = 0
-    in_flight: int = 0
-    #: The loader each group asked for and not yet taken was asked of, by its first step.
-    route: dict[int, _Link] = field(default_factory=dict)
-
-
-class RemoteFeed:
+class RemoteFeed(LoaderCountMixin):
     """Epochs of one feed read by ``processes`` loader processes (see the module docstring)."""
 
     _ids = itertools.count(1)
@@ -126,16 +79,16 @@ class RemoteFeed:
         self._tokens = itertools.count(1)
         self._arrived: dict[tuple[int, int], Loaded | Raised] = {}
         self._ending: dict[int, int] = {}  # token -> loaders yet to confirm its end
-        self._links: list[_Link] = []
-        self._live: dict[int, _Asked] = {}  # passes started and not ended, by token
-        self._joining: list[_Link] = []  # loaders added while reading, not registered yet
-        self._warming: list[_Link] = []  # loaders joined, reading, that have delivered nothing
+        self._links: list[Link] = []
+        self._live: dict[int, Asked] = {}  # passes started and not ended, by token
+        self._joining: list[Link] = []  # loaders added while reading, not registered yet
+        self._warming: list[Link] = []  # loaders joined, reading, that have delivered nothing
         self._warm_token = 0  # the last pass started when they joined
         self._no_more = False  # a loader could not be started: no more are tried
-        self._ahead: _Asked | None = None  # the next epoch's pass, asked for ahead
+        self._ahead: Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
         if os.path.exists("/proc/self/stat"):  # what the loaders use tells the tuner whether
-            self.tuner.cpu = _cpu_of(weakref.ref(self))  # one more would pay
+            self.tuner.loaders.cpu = cpu_of(weakref.ref(self))  # one more would pay
         weakref.finalize(self, RemoteFeed._close, self.feed_id, self._links, self._fds)
 
     # -- connecting ---------------------------------------------------------------------------------
@@ -148,7 +101,7 @@ class RemoteFeed:
             if old is not None:
                 links.append(old)
                 continue
-            link = _Link(process, process.register(self.feed_id, self._blob))
+            link = Link(process, process.register(self.feed_id, self._blob))
             if self._fds:
                 self._send_slots(link, sorted(self._fds))
             links.append(link)
@@ -158,7 +111,7 @@ class RemoteFeed:
                     link.channel.close()
         self._links[:] = links
 
-    def _send_slots(self, link: _Link, slots: Sequence[int], retire: tuple[int, ...] = ()) -> None:
+    def _send_slots(self, link: Link, slots: Sequence[int], retire: tuple[int, ...] = ()) -> None:
         # Slots are numbered consecutively from their first, so each run goes in one message (of
         # at most MAX_FDS descriptors: a loader reading 64 groups at once has 65 slots and more).
         runs: list[list[int]] = []
@@ -193,93 +146,8 @@ class RemoteFeed:
             if link.error is not None:
                 raise link.error
 
-    def _serving(self) -> list[_Link]:
-        return [link for link in self._links if link not in self._joining]
-
-    # -- how many loaders (tuned while reading) --------------------------------------------------
-    def _reading(self) -> list[_Link]:
-        """The loaders groups are asked of now: as many as the tuner says, of those serving."""
-        count = max(1, self.tuner.processes)
-        return [link for link in self._links[:count] if link not in self._joining]
-
-    def _fit_loaders(self) -> None:
-        """Start the loaders the tuner asks for beyond those serving (they join every pass
-        under way and are asked for groups once registered; the tuner counts from their first
-        group on: the first opens the files, or the storage's connections, there), and let go
-        of those beyond it once they have no group to deliver."""
-        count = max(1, self.tuner.processes)
-        if count == len(self._links) and not self._joining and not self._warming:
-            return
-        with self._cond:  # (two passes of one feed may be read at once)
-            if count > len(self._links) and not self._joining and not self._no_more:
-                try:
-                    self._grow(count)
-                except OSError:  # no more processes here: the tuner measures those there are
-                    self._no_more = True
-                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
-            if self._joining and all(link.registered for link in self._joining):
-                joined, self._joining = self._joining, []
-                for link in joined:
-                    if link.error is not None:  # could not start: read with those there are
-                        self._retire(link)
-                    else:
-                        self._warming.append(link)
-                self._warm_token = max(self._live, default=0)
-                if not self._warming:
-                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
-            # Warm once each has delivered a group, or once a pass started since (an epoch of
-            # fewer groups than loaders may never deal one to it).
-            if self._warming and (
-                max(self._live, default=0) > self._warm_token
-                or all(
-                    link.delivered or link.error is not None or link not in self._links
-                    for link in self._warming
-                )
-            ):
-                self._warming = []
-                self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
-            if len(self._links) > count and not self._joining:
-                for link in self._links[count:]:
-                    if not link.slots:
-                        self._retire(link)
-
-    def _grow(self, count: int) -> None:
-        with self._cond:
-            before = list(self._links)
-            self.processes = count
-            self._connect()
-            self._joining = [link for link in self._links if link not in before]
-            for link in self._joining:
-                for live in self._live.values():
-                    self._send(link, StartEpoch(live.token, live.epoch, live.start_step))
-                    live.links.append(link)
-
-    def _retire(self, link: _Link) -> None:
-        """Stop asking ``link``'s loader for this feed's groups (it has none to deliver): its
-        side of the feed ends when the link closes."""
-        with self._cond:
-            if link in self._links:
-                self._links.remove(link)
-            for live in self._live.values():
-                if link in live.links:
-                    live.links.remove(link)
-            for slot in link.slots:
-                self.slots.release(slot)
-            link.slots.clear()
-            for token in link.ending:
-                self._confirm_end(token)
-            link.ending.clear()
-            self.processes = len(self._links)
-        with contextlib.suppress(OSError):
-            link.channel.close()
-        loaders().release(self.feed_id, link.process)
-
-    def _cpu_seconds(self) -> float:
-        """CPU seconds used by the loaders reading (see :func:`~..machine.process_cpu_seconds`)."""
-        return sum(process_cpu_seconds(link.process.pid) for link in self._reading())
-
     # -- messages --------------------------------------------------------------------------------
-    def _send(self, link: _Link, message: Any, fds: Sequence[int] = ()) -> None:
+    def _send(self, link: Link, message: Any, fds: Sequence[int] = ()) -> None:
         """Send ``message`` to a loader; one that is gone is a :class:`LoaderError`."""
         try:
             link.channel.send(message, fds)
@@ -314,7 +182,7 @@ class RemoteFeed:
             with self._cond:
                 self._cond.notify_all()
 
-    def _dispatch(self, link: _Link, message: Any) -> None:
+    def _dispatch(self, link: Link, message: Any) -> None:
         if isinstance(message, (Loaded, Raised)):
             link.slots.pop(message.slot, None)
             link.delivered += 1
@@ -349,7 +217,7 @@ class RemoteFeed:
         else:
             self._ending.pop(token, None)
 
-    def _lost(self, link: _Link) -> None:
+    def _lost(self, link: Link) -> None:
         if link.error is not None:
             return
         code = link.process.exit_code()
@@ -425,7 +293,7 @@ class RemoteFeed:
         if kept is not None:
             self._keep_ahead(kept)
 
-    def _start(self, feed: Feed, epoch: int, start_step: int) -> _Asked:
+    def _start(self, feed: Feed, epoch: int, start_step: int) -> Asked:
         """Start a pass in every loader."""
         with self._cond:
             self._check_links()
@@ -435,13 +303,13 @@ class RemoteFeed:
             links = list(self._links)
             for link in links:
                 self._send(link, StartEpoch(token, epoch, start_step))
-            asked = _Asked(
+            asked = Asked(
                 token, epoch, start_step, feed.groups(start_step), feed.group_owner(epoch), links
             )
             self._live[token] = asked
         return asked
 
-    def _follow(self, epoch: int, began: float) -> _Asked | None:
+    def _follow(self, epoch: int, began: float) -> Asked | None:
         """The pass over the next epoch, started now, if the pass over ``epoch`` that began at
         ``began`` reads it ahead (see :func:`~..readers.reads_next`)."""
         feed = self._feed()
@@ -452,7 +320,7 @@ class RemoteFeed:
         except Exception:  # a loader lost: the next epoch's own pass says so, not this one
             return None
 
-    def _take_ahead(self, epoch: int, start_step: int) -> _Asked | None:
+    def _take_ahead(self, epoch: int, start_step: int) -> Asked | None:
         """The pass asked for ahead for ``epoch`` from ``start_step``, if that is the one held
         and its loaders still serve this feed; another is ended."""
         with self._cond:
@@ -475,7 +343,7 @@ class RemoteFeed:
         if held is not None:
             self._keep_ahead(held)
 
-    def _keep_ahead(self, asked: _Asked) -> None:
+    def _keep_ahead(self, asked: Asked) -> None:
         """Hold ``asked`` for the call that takes its epoch (ending one held before: another
         iterator's, never taken)."""
         with self._cond:
@@ -483,7 +351,7 @@ class RemoteFeed:
         if dropped is not None:
             self._end(dropped.token, dropped.links)
 
-    def _ask(self, asked: _Asked, threads: int, wanted: int, in_flight: int) -> None:
+    def _ask(self, asked: Asked, threads: int, wanted: int, in_flight: int) -> None:
         """Ask for the next groups of a pass while fewer than ``wanted`` (of every pass) are in
         flight and slots are free or can be made."""
         reading = self._reading()
@@ -525,7 +393,7 @@ class RemoteFeed:
                     continue
             self._pump()  # an ended pass's slots come back when its end is confirmed
 
-    def _await(self, token: int, first: int, link: _Link) -> Loaded | Raised:
+    def _await(self, token: int, first: int, link: Link) -> Loaded | Raised:
         while True:
             with self._cond:
                 message = self._arrived.pop((token, first), None)
@@ -535,7 +403,7 @@ class RemoteFeed:
                     raise link.error
             self._pump()
 
-    def _end(self, token: int, links: list[_Link]) -> None:
+    def _end(self, token: int, links: list[Link]) -> None:
         with self._cond:
             self._live.pop(token, None)
             for key in [k for k in self._arrived if k[0] == token]:
@@ -552,7 +420,7 @@ class RemoteFeed:
                     self._confirm_end(token)
 
     @staticmethod
-    def _close(feed_id: int, links: list[_Link], fds: dict[int, int]) -> None:
+    def _close(feed_id: int, links: list[Link], fds: dict[int, int]) -> None:
         loaders().release(feed_id)
         for link in links:  # a closed channel ends the feed in its loader
             with contextlib.suppress(OSError):

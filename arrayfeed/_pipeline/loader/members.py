@@ -1,0 +1,179 @@
+"""The loaders that read a feed: the training process's link to each, the passes they serve,
+and how many of them are asked for groups — as many as the tuner says (:mod:`..loadercount`):
+a loader started while a pass is read joins it, and is asked for groups once registered (the
+tuner counting from its first group: it opens the files, or the storage's connections, there);
+one no longer asked for leaves once it has delivered what it was asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..machine import process_cpu_seconds
+from ..tuning import Tuner
+from .processes import LoaderProcess, loaders
+from .slots import Slots
+from .wire import Channel, StartEpoch
+
+__all__ = ["Asked", "Link", "LoaderCountMixin", "cpu_of"]
+
+
+def cpu_of(ref: weakref.ref[LoaderCountMixin]) -> Callable[[], float]:
+    """The CPU seconds of the loaders reading for the feed link ``ref`` (a weak reference: the
+    tuner that asks belongs to the feed)."""
+
+    def cpu() -> float:
+        remote = ref()
+        return 0.0 if remote is None else remote._cpu_seconds()
+
+    return cpu
+
+
+@dataclass
+class Link:
+    """One loader serving this feed: its process and the feed's channel to it."""
+
+    process: LoaderProcess
+    channel: Channel
+    registered: bool = False
+    error: BaseException | None = None
+    #: Slots each pass has asked this loader to fill and that have not come back.
+    slots: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: Passes ended here whose end this loader has not confirmed yet.
+    ending: set[int] = field(default_factory=set)
+    #: Groups it has delivered (a loader that joined counts for the tuner from its first).
+    delivered: int = 0
+
+
+@dataclass
+class Asked:
+    """A pass over ``epoch`` from ``start_step`` as asked of the loaders: its groups, the key
+    that deals them out, the loaders serving it, how many groups were asked for and how many of
+    those are not taken yet."""
+
+    token: int
+    epoch: int
+    start_step: int
+    todo: list[tuple[int, int]]
+    owner: Callable[[int], int]
+    links: list[Link]
+    asked: int = 0
+    in_flight: int = 0
+    #: The loader each group asked for and not yet taken was asked of, by its first step.
+    route: dict[int, Link] = field(default_factory=dict)
+
+
+class LoaderCountMixin:
+    """How many loaders a feed's link asks for groups (see the module docstring); mixed into
+    :class:`~.client.RemoteFeed`, which holds the state below."""
+
+    tuner: Tuner
+    processes: int
+    feed_id: int
+    slots: Slots
+    _cond: threading.Condition
+    _links: list[Link]
+    _live: dict[int, Asked]  # passes started and not ended, by token
+    _joining: list[Link]  # loaders added while reading, not registered yet
+    _warming: list[Link]  # loaders joined, reading, that have delivered nothing
+    _warm_token: int  # the last pass started when they joined
+    _no_more: bool  # a loader could not be started: no more are tried
+
+    def _connect(self) -> None:
+        raise NotImplementedError
+
+    def _send(self, link: Link, message: Any, fds: Sequence[int] = ()) -> None:
+        raise NotImplementedError
+
+    def _confirm_end(self, token: int) -> None:
+        raise NotImplementedError
+
+    def _serving(self) -> list[Link]:
+        return [link for link in self._links if link not in self._joining]
+
+    # -- how many loaders (tuned while reading) --------------------------------------------------
+    def _reading(self) -> list[Link]:
+        """The loaders groups are asked of now: as many as the tuner says, of those serving."""
+        count = max(1, self.tuner.processes)
+        return [link for link in self._links[:count] if link not in self._joining]
+
+    def _fit_loaders(self) -> None:
+        """Start the loaders the tuner asks for beyond those serving (they join every pass
+        under way and are asked for groups once registered; the tuner counts from their first
+        group on: the first opens the files, or the storage's connections, there), and let go
+        of those beyond it once they have no group to deliver."""
+        count = max(1, self.tuner.processes)
+        if count == len(self._links) and not self._joining and not self._warming:
+            return
+        with self._cond:  # (two passes of one feed may be read at once)
+            if count > len(self._links) and not self._joining and not self._no_more:
+                try:
+                    self._grow(count)
+                except OSError:  # no more processes here: the tuner measures those there are
+                    self._no_more = True
+                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+            if self._joining and all(link.registered for link in self._joining):
+                joined, self._joining = self._joining, []
+                for link in joined:
+                    if link.error is not None:  # could not start: read with those there are
+                        self._retire(link)
+                    else:
+                        self._warming.append(link)
+                self._warm_token = max(self._live, default=0)
+                if not self._warming:
+                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+            # Warm once each has delivered a group, or once a pass started since (an epoch of
+            # fewer groups than loaders may never deal one to it).
+            if self._warming and (
+                max(self._live, default=0) > self._warm_token
+                or all(
+                    link.delivered or link.error is not None or link not in self._links
+                    for link in self._warming
+                )
+            ):
+                self._warming = []
+                self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+            if len(self._links) > count and not self._joining:
+                for link in self._links[count:]:
+                    if not link.slots:
+                        self._retire(link)
+
+    def _grow(self, count: int) -> None:
+        with self._cond:
+            before = list(self._links)
+            self.processes = count
+            self._connect()
+            self._joining = [link for link in self._links if link not in before]
+            for link in self._joining:
+                for live in self._live.values():
+                    self._send(link, StartEpoch(live.token, live.epoch, live.start_step))
+                    live.links.append(link)
+
+    def _retire(self, link: Link) -> None:
+        """Stop asking ``link``'s loader for this feed's groups (it has none to deliver): its
+        side of the feed ends when the link closes."""
+        with self._cond:
+            if link in self._links:
+                self._links.remove(link)
+            for live in self._live.values():
+                if link in live.links:
+                    live.links.remove(link)
+            for slot in link.slots:
+                self.slots.release(slot)
+            link.slots.clear()
+            for token in link.ending:
+                self._confirm_end(token)
+            link.ending.clear()
+            self.processes = len(self._links)
+        with contextlib.suppress(OSError):
+            link.channel.close()
+        loaders().release(self.feed_id, link.process)
+
+    def _cpu_seconds(self) -> float:
+        """CPU seconds used by the loaders reading (see :func:`~..machine.process_cpu_seconds`)."""
+        return sum(process_cpu_seconds(link.process.pid) for link in self._reading())

@@ -1,0 +1,132 @@
+"""How many loader processes read a feed, tuned once its threads have settled.
+
+A loader reads with its own interpreter: a second one pays when the first is held back by its
+interpreter's lock (a ``map_batch`` looping in Python, a storage client signing and parsing
+requests) and a core is left for it; not when the first waits (on storage, or on the consumer:
+another would wait beside it, and more threads do that for less), nor when its threads keep
+every core busy. :class:`LoaderCount` judges that from the CPU time the loaders reading used
+(``cpu``) over each window the tuner measures, and keeps the count that delivered the most,
+one more at a time (:data:`PROCESS_LADDER`), each measured twice once it reads (starting one
+takes about a second, and its first group opens the files or the storage's connections), the
+larger counting, as the threads' best is. Pure logic, as :mod:`.tuning`, which drives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["PROCESS_BUSY", "PROCESS_LADDER", "PROCESS_ROOM", "LoaderCount"]
+
+#: Loader process counts tried, in order (those up to a feed's most), once the threads are tuned.
+PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
+#: More loader processes are tried only when those reading used at least this share of a core
+#: each while the chosen setting was measured, and left :data:`PROCESS_ROOM` of the cores
+#: unused: a loader that waits (on object storage, say) gains nothing from a second
+#: interpreter, nor one whose threads keep every core busy (decoding gzip on each); one bound by
+#: its interpreter's lock (a ``map_batch`` looping in Python, request signing) gains with the
+#: cores left (2 cores: a ``map_batch`` looping in Python used 1.5 in one loader, and two read
+#: 1.2-1.7x as much).
+PROCESS_BUSY = 0.7
+PROCESS_ROOM = 0.4
+
+
+class LoaderCount:
+    """The loader processes of a feed (``processes``, 0: none, the training process reads),
+    tried up to ``most``; ``budget``: groups in flight in all of them together (more loaders
+    read fewer groups each: the memory read ahead stays that of one); ``cores``: those they
+    may use; ``cpu``: the CPU seconds the loaders reading have used so far (None: unknown);
+    ``gain``: how much more one more loader must deliver to be kept (the tuner's step)."""
+
+    def __init__(
+        self,
+        processes: int,
+        most: int,
+        budget: int,
+        cores: float | None = None,
+        cpu: Callable[[], float] | None = None,
+        gain: float = 1.05,
+    ) -> None:
+        most = max(processes, most)
+        self.ladder = sorted(
+            {p for p in PROCESS_LADDER if processes <= p <= most} | {processes, most}
+        )
+        self.budget, self.cores, self.cpu, self.gain = budget, cores, cpu, gain
+        self.at = self.best = 0
+        self.best_rate = 0.0  # what the best count delivered
+        self.first: float | None = None  # the first of the two measurements of a count tried
+        self.rates: dict[int, float] = {}  # rows/s by count tried
+        self.starting = False  # loaders starting: nothing is counted until they read
+        self.busy: dict[int, float] = {}  # share of a core per loader, by threads setting
+        self._mark: tuple[float, float] | None = None  # (clock, cpu) at the window's opening
+
+    @property
+    def count(self) -> int:
+        return self.ladder[self.at]
+
+    def threads(self, setting: int) -> int:
+        """Threads of each loader for a ``setting``: fewer where every loader's would not fit."""
+        return max(1, min(setting, self.budget // max(1, self.count) - 1))
+
+    # -- how busy the loaders were --------------------------------------------------------------
+    def opened(self, now: float) -> None:
+        """A window opens at ``now``."""
+        self._mark = None if self.cpu is None else (now, self.cpu())
+
+    def closed(self, now: float, threads: int) -> None:
+        """The window opened last closes at ``now``, read with ``threads`` in each loader."""
+        if self.cpu is not None and self._mark is not None:
+            began, used = self._mark
+            share = (self.cpu() - used) / max(now - began, 1e-9) / max(1, self.count)
+            self.busy[threads] = share
+
+    def why_not_more(self, threads: int) -> str | None:
+        """Why one more loader would not pay after a window read with ``threads`` (None: it
+        may): there is none more to try (one per usable core at most), its groups would not
+        fit, or those reading were not busy, or left no core for it (an unknown share tries)."""
+        if self.at + 1 >= len(self.ladder):
+            return "as many as there are cores for"
+        if self.budget // self.ladder[self.at + 1] - 1 < 1:
+            return "the groups of more would not fit in the memory read ahead"
+        share = self.busy.get(threads)
+        if share is None:
+            return None
+        if share < PROCESS_BUSY:
+            return f"each used {share:.0%} of a core: more would wait beside them"
+        used = share * max(1, self.count)
+        if self.cores is not None and used + PROCESS_ROOM > self.cores:
+            return f"they used {used:.1f} of the {self.cores:g} cores: none is left for more"
+        return None
+
+    # -- the ladder -------------------------------------------------------------------------------
+    def begin(self, rate: float) -> None:
+        """Try one more loader, the threads having settled at ``rate`` with those there are."""
+        self.best, self.best_rate = self.at, rate
+        self.rates[self.count] = rate
+        self.add()
+
+    def add(self) -> None:
+        """The next count up: nothing is counted until its loaders read (:attr:`starting`)."""
+        self.at, self.first, self.starting = self.at + 1, None, True
+
+    def measured(self, rate: float, threads: int) -> str | None:
+        """A window of the count tried delivered ``rate``: None while it goes on (measured
+        again, or one more loader tried), else why it ends (back to the best, then)."""
+        if self.first is None:  # measured twice, the larger counting
+            self.first = rate
+            return None
+        rate, self.first = max(rate, self.first), None
+        count = self.count
+        self.rates[count] = rate
+        if rate <= self.best_rate * self.gain:
+            self.at = self.best
+            return f"{count} loader processes did not deliver more"
+        self.best, self.best_rate = self.at, rate
+        why_not = self.why_not_more(threads)
+        if why_not is None:
+            self.add()
+            return None
+        return f"{count} loader processes: {why_not}"
+
+    def back(self) -> None:
+        """Back to the best count (a tuner that holds while one is tried)."""
+        self.at, self.starting, self.first = self.best, False, None
