@@ -585,3 +585,28 @@ def test_a_loader_that_cannot_start_leaves_reading_to_those_there_are(
     assert started == [1] and tuner.ready  # tried once, and the tuner told
     assert len(remote._links) == 1
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), 2))
+
+
+def test_a_feed_released_while_loaders_are_taken_does_not_hang(
+    files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A feed in a reference cycle is released by its finalizer whenever the garbage collector
+    runs: also inside ``take``, on the thread holding the pool's lock."""
+    import threading
+
+    held = af.batches(*files["npy"], batch_size=10, seed=0, processes=1)  # a loader in the pool
+    pool, real = loaders(), LoaderProcess.alive
+
+    def alive(self: LoaderProcess) -> bool:
+        pool.release(-1)  # what a finalizer run here does
+        return real(self)
+
+    monkeypatch.setattr(LoaderProcess, "alive", alive)
+    taken: list[Any] = []
+    thread = threading.Thread(target=lambda: taken.append(pool.take(1, -2)), daemon=True)
+    thread.start()
+    thread.join(10)
+    monkeypatch.undo()
+    assert taken, "take() hung"
+    pool.release(-2)
+    del held

@@ -86,7 +86,10 @@ class _Loaders:
     feeds, and stopped :data:`LINGER_SECONDS` after the last feed using them is gone."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a feed collected by the garbage collector (one in a reference cycle) is
+        # released by its finalizer at any allocation, also one made while this lock is held
+        # (in take, on the same thread: a plain lock hung the test suite there).
+        self._lock = threading.RLock()
         self._processes: list[LoaderProcess] = []
         self._users: dict[int, set[int]] = {}  # pid -> feeds it serves
         self._timers: dict[int, threading.Timer] = {}
