@@ -239,12 +239,7 @@ class RemoteFeed(LoaderCountMixin):
         )
         with self._cond:
             link.registered, link.error = True, error
-            for slot in link.slots:
-                self.slots.release(slot)
-            link.slots.clear()
-            for token in link.ending:
-                self._confirm_end(token)
-            link.ending.clear()
+            self._drop_pending(link)
 
     # -- epochs ------------------------------------------------------------------------------------
     def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:

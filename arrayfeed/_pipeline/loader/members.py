@@ -93,6 +93,16 @@ class LoaderCountMixin:
     def _confirm_end(self, token: int) -> None:
         raise NotImplementedError
 
+    def _drop_pending(self, link: Link) -> None:
+        """Nothing more will come from ``link``: its slots come back, and the passes whose end
+        it was to confirm no longer wait for it (under ``_cond``)."""
+        for slot in link.slots:
+            self.slots.release(slot)
+        link.slots.clear()
+        for token in link.ending:
+            self._confirm_end(token)
+        link.ending.clear()
+
     def _serving(self) -> list[Link]:
         return [link for link in self._links if link not in self._joining]
 
@@ -163,12 +173,7 @@ class LoaderCountMixin:
             for live in self._live.values():
                 if link in live.links:
                     live.links.remove(link)
-            for slot in link.slots:
-                self.slots.release(slot)
-            link.slots.clear()
-            for token in link.ending:
-                self._confirm_end(token)
-            link.ending.clear()
+            self._drop_pending(link)
             self.processes = len(self._links)
         with contextlib.suppress(OSError):
             link.channel.close()
