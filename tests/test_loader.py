@@ -567,6 +567,49 @@ def test_loaders_join_while_reading_and_are_let_go_when_no_longer_asked_for(
     assert not second.alive() and first.alive()
 
 
+def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, Any]) -> None:
+    """A tuner whose threads' climb is over, with a busy loader, asks for the next count to be
+    started (``loaders.spare``): the process starts and imports while fewer threads are
+    measured, the feed not registered with it; the count tried then reads with that very
+    process. One that is not tried after all is let go, and stops."""
+    x, y = files["npy"]
+    b = af.batches(x, y, batch_size=10, seed=4, processes=1)
+    remote = b._feed._remote
+    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
+    tuner.wanted = 1
+    first = remote._links[0].process
+    tuner.loaders.spare = 2
+    got = _epochs(b, 1)
+    spares = list(remote._spares)
+    assert len(spares) == 1 and spares[0] is not first and spares[0].alive()
+    assert [link.process for link in remote._links] == [first]  # started, not asked for groups
+    assert spares[0].pid in loaders().pids()
+    tuner.wanted = 2  # the count is tried: with the process started before
+    deadline = time.monotonic() + 30
+    while not tuner.ready and time.monotonic() < deadline:
+        got += _epochs(b, 1)
+    assert [link.process for link in remote._links] == [first, spares[0]]
+    tuner.loaders.spare = 0  # settled
+    got += _epochs(b, 1)
+    assert remote._spares == [] and spares[0].alive()  # in use: kept
+    _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
+
+    # Back to one loader, with two more started and then not tried: let go, and, serving no
+    # feed, they stop.
+    tuner.wanted, tuner.loaders.spare = 1, 3
+    got = _epochs(b, 1)
+    assert [link.process for link in remote._links] == [first]
+    assert len(remote._spares) == 3 - 1 and spares[0] in remote._spares
+    started = list(remote._spares)
+    tuner.loaders.spare = 0
+    got += _epochs(b, 1)
+    assert remote._spares == []
+    deadline = time.monotonic() + LINGER_SECONDS + 10
+    while any(p.alive() for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(p.alive() for p in started) and first.alive()
+
+
 def test_a_loader_that_cannot_start_leaves_reading_to_those_there_are(
     files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -38,11 +38,12 @@ def test_climbs_while_more_threads_deliver_more() -> None:
     report = tuner.report()
     assert (report.threads, report.settled, report.tuned) == (16, True, True)
     assert report.settled_after is not None and report.settled_after <= 5
-    assert set(report.rates) >= {3, 4, 8, 12, 16, 24, 32}
+    assert set(report.rates) == {3, 4, 12, 16, 24, 32, 64}
     assert "tuned" in report.why and "12 delivered less" in report.why
-    # Steps that deliver 30% more leap two rungs (4 -> 8 -> 16 -> 32); 32 gave nothing more,
-    # nor 24, the rung it skipped; 16 is measured again, and 12 delivers less.
-    assert tuner.history == [3, 4, 8, 16, 32, 24, 16, 12, 16]
+    # Steps whose rate grows as the threads do leap four rungs (4 -> 16 -> 64); 64 gave nothing
+    # more, nor 32 and 24, halving the rungs it skipped; 16 is measured again (it was the best
+    # before those), and 12 delivers less.
+    assert tuner.history == [3, 4, 16, 64, 32, 24, 16, 12, 16]
 
 
 def test_a_tie_goes_to_fewer_threads() -> None:
@@ -58,7 +59,29 @@ def test_backs_off_when_more_threads_deliver_less() -> None:
     tuner, clock = new_tuner(start=2, cap=8)
     drive(tuner, lambda r: 1e4 * curve[r], 20, clock)
     assert tuner.threads == 4
-    assert tuner.history == [2, 3, 6, 4, 3, 4]  # 3 gained 50%: a leap to 6, too far; then 4
+    # 3 gained 50% (as the threads): a leap to the top, too far; then 4 and 6, halving the
+    # rungs skipped; 4 is the best, and 3 delivers less.
+    assert tuner.history == [2, 3, 8, 4, 6, 4, 3, 4]
+
+
+def test_reads_that_wait_leap_four_rungs_at_a_time() -> None:
+    """Reads that wait (object storage, a service): the rate grows with the threads up to many.
+    Steps that grow it as the threads do leap four rungs, not two: 48 threads are reached in
+    three windows of the climb."""
+    tuner, clock = new_tuner(start=2)
+    drive(tuner, lambda r: 1e3 * min(r, 48), 20, clock)
+    assert tuner.threads == 48 and tuner.report().settled
+    assert tuner.history == [2, 3, 12, 48, 64, 48, 32, 48]
+
+
+def test_a_step_that_grows_less_than_the_threads_leaps_two_rungs() -> None:
+    """A step that gains much, but less than the threads grew (reads meeting the CPU), leaps
+    two rungs: a leap of four would overshoot where the rate stops growing."""
+    curve = {2: 10, 3: 13.5, 4: 15, 6: 20, 8: 21, 12: 21, 16: 20, 24: 19, 32: 18}
+    tuner, clock = new_tuner(start=2, cap=32)
+    drive(tuner, lambda r: 1e3 * curve[r], 20, clock)
+    assert tuner.history[:3] == [2, 3, 6], tuner.history  # 35 % for 50 % more threads
+    assert tuner.threads in (6, 8) and tuner.report().settled, tuner.history
 
 
 def test_a_rate_that_rises_on_its_own_while_climbing_is_not_taken_for_gains() -> None:
@@ -527,12 +550,17 @@ class Loaders:
     :data:`START_SECONDS`, each using ``busy`` of a core; ``rate(threads, processes)`` is what
     they deliver together."""
 
-    def __init__(self, tuner: Tuner, clock: list[float], busy: float = 1.0) -> None:
-        self.tuner, self.clock, self.busy = tuner, clock, busy
+    def __init__(
+        self, tuner: Tuner, clock: list[float], busy: float | Callable[[], float] = 1.0
+    ) -> None:
+        self.tuner, self.clock = tuner, clock
+        self.busy = busy if callable(busy) else lambda: busy
         self.reading = tuner.processes
         self.cpu = 0.0
         self.starting_until: float | None = None
         self.seen_threads: list[tuple[int, int]] = []
+        #: (clock, loaders to have started, loaders asked for) at each group.
+        self.seen_spare: list[tuple[float, int, int]] = []
         tuner.loaders.cpu = lambda: self.cpu
 
     def drive(self, rate: Callable[[int, int], float], seconds: float) -> None:
@@ -548,9 +576,10 @@ class Loaders:
             if wanted < self.reading:
                 self.reading = wanted
             self.seen_threads.append((tuner.threads, tuner.processes))
+            self.seen_spare.append((clock[0], tuner.loaders.spare, tuner.processes))
             interval = GROUP_SECONDS / tuner.threads / self.reading
             clock[0] += interval
-            self.cpu += self.busy * self.reading * interval
+            self.cpu += self.busy() * self.reading * interval
             tuner.delivered(round(rate(tuner.threads, self.reading) * interval))
 
 
@@ -669,3 +698,49 @@ def test_loaders_stop_where_the_cores_are_used() -> None:
     report = tuner.report()
     assert report.processes == 4 and sorted(report.process_rates) == [1, 2, 3, 4], report
     assert "4 loader processes: they used 4.0 of the 4 cores" in report.why
+
+
+def test_the_next_loader_is_started_while_fewer_threads_are_measured() -> None:
+    """Once the threads' climb is over and the loader is busy, the count to try next is worth
+    starting (a new interpreter imports the package for about a second): the tuner says so
+    (``loaders.spare``) before it asks for it, and stops saying so once it has settled."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+    loaders = Loaders(tuner, clock, busy=1.0)
+    loaders.drive(lambda threads, processes: 1e4 * min(threads, 2) * processes**0.5, 20)
+    report = tuner.report()
+    assert (report.processes, report.settled) == (2, True), report
+    first_spare = next(t for t, spare, _ in loaders.seen_spare if spare == 2)
+    first_asked = next(t for t, _, processes in loaders.seen_spare if processes == 2)
+    assert first_spare < first_asked - 0.2  # at least a window before
+    climb_over = [p for _, spare, p in loaders.seen_spare if spare]
+    assert climb_over[0] == 1 and tuner.loaders.spare == 0
+
+
+def test_loaders_that_wait_are_not_started_ahead() -> None:
+    tuner, clock = loader_tuner(most=8)
+    loaders = Loaders(tuner, clock, busy=0.2)
+    loaders.drive(lambda threads, processes: 1e3 * min(threads * processes, 64), 30)
+    assert tuner.report().settled and tuner.processes == 1
+    assert not any(spare for _, spare, _ in loaders.seen_spare)
+
+
+def test_how_busy_the_loaders_were_is_taken_from_the_window_that_counts() -> None:
+    """The best measured again in a window that lands low (the storage slower for a moment),
+    its loader waiting more: how busy the loader is, as what the setting delivers, is taken
+    from its best window, and one more loader is tried."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+
+    def low() -> bool:
+        return tuner._phase == "again"
+
+    loaders = Loaders(tuner, clock, busy=lambda: 0.3 if low() else 1.0)
+    curve = {1: 0.5, 2: 0.8, 3: 0.9, 4: 1.0, 6: 1.0, 8: 1.0}
+
+    def rate(threads: int, processes: int) -> float:
+        return 4e4 * curve.get(threads, 1.0) * (0.85 if low() else 1.0) * processes**0.5
+
+    loaders.drive(rate, 20)
+    report = tuner.report()
+    assert tuner.history[:6] == [2, 3, 4, 6, 8, 4], tuner.history  # 4 measured again: low
+    assert sorted(report.process_rates) == [1, 2], report
+    assert report.processes == 2

@@ -8,7 +8,9 @@ every core busy. :class:`LoaderCount` judges that from the CPU time the loaders 
 (``cpu``) over each window the tuner measures, and keeps the count that delivered the most,
 one more at a time (:data:`PROCESS_LADDER`), each measured twice once it reads (starting one
 takes about a second, and its first group opens the files or the storage's connections), the
-larger counting, as the threads' best is. Pure logic, as :mod:`.tuning`, which drives it.
+larger counting, as the threads' best is. The next count is started (:attr:`LoaderCount.spare`)
+as soon as the threads' climb is over and it may be tried, so that its start passes while fewer
+threads are measured. Pure logic, as :mod:`.tuning`, which drives it.
 """
 
 from __future__ import annotations
@@ -56,8 +58,14 @@ class LoaderCount:
         self.first: float | None = None  # the first of the two measurements of a count tried
         self.rates: dict[int, float] = {}  # rows/s by count tried
         self.starting = False  # loaders starting: nothing is counted until they read
-        self.busy: dict[int, float] = {}  # share of a core per loader, by threads setting
+        #: Share of a core each loader used, by (count, threads each), in the window that
+        #: delivered the most at that setting (the one its rate counts by, see :meth:`closed`),
+        #: and that window's rate.
+        self.busy: dict[tuple[int, int], tuple[float, float]] = {}
         self._mark: tuple[float, float] | None = None  # (clock, cpu) at the window's opening
+        #: Loaders worth starting before they are tried (0: none): the count to be tried next,
+        #: once the threads' climb is over and one more may pay (see :meth:`want_spare`).
+        self.spare = 0
 
     @property
     def count(self) -> int:
@@ -72,12 +80,18 @@ class LoaderCount:
         """A window opens at ``now``."""
         self._mark = None if self.cpu is None else (now, self.cpu())
 
-    def closed(self, now: float, threads: int) -> None:
-        """The window opened last closes at ``now``, read with ``threads`` in each loader."""
+    def closed(self, now: float, threads: int, rate: float) -> None:
+        """The window opened last closes at ``now``, read with ``threads`` in each loader, having
+        delivered ``rate``. Of the windows of one setting, the share of the one that delivered
+        the most counts, as its rate does: a window that lands low (the storage slower for a
+        moment, on object storage one in ten by 10-25 %) finds the loaders waiting more, and
+        would pass a loader held back by its interpreter's lock for one that waits."""
         if self.cpu is not None and self._mark is not None:
             began, used = self._mark
             share = (self.cpu() - used) / max(now - began, 1e-9) / max(1, self.count)
-            self.busy[threads] = share
+            key = (self.count, threads)
+            if rate >= self.busy.get(key, (0.0, 0.0))[1]:
+                self.busy[key] = (share, rate)
 
     def why_not_more(self, threads: int) -> str | None:
         """Why one more loader would not pay after a window read with ``threads`` (None: it
@@ -87,9 +101,9 @@ class LoaderCount:
             return "as many as there are cores for"
         if self.budget // self.ladder[self.at + 1] - 1 < 1:
             return "the groups of more would not fit in the memory read ahead"
-        share = self.busy.get(threads)
-        if share is None:
+        if (self.count, threads) not in self.busy:
             return None
+        share = self.busy[self.count, threads][0]
         if share < PROCESS_BUSY:
             return f"each used {share:.0%} of a core: more would wait beside them"
         used = share * max(1, self.count)
@@ -98,6 +112,13 @@ class LoaderCount:
         return None
 
     # -- the ladder -------------------------------------------------------------------------------
+    def want_spare(self, threads: int) -> None:
+        """The threads' climb is over at ``threads`` each: the next count is worth starting now
+        if it may be tried (a new loader is a new interpreter importing the package, about half
+        a second of a core; started now, that passes while fewer threads are measured, not
+        while the count is)."""
+        self.spare = self.ladder[self.at + 1] if self.why_not_more(threads) is None else 0
+
     def begin(self, rate: float) -> None:
         """Try one more loader, the threads having settled at ``rate`` with those there are."""
         self.best, self.best_rate = self.at, rate

@@ -10,9 +10,10 @@ climbing a ladder of settings and measuring what reaches the consumer:
    window of :data:`WINDOW_SECONDS`, after a first window that is not counted (the first reads
    of a dataset warm caches and start threads: not a steady state);
 2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far
-   (two rungs at a time after a step that delivered :data:`LEAP` times more, and the rung a leap
-   skipped when the leap went too far); a step that does not is given one more chance, the step
-   after it (rates that rise slowly, as reads that wait meet the CPU, gain little per step but
+   (two rungs at a time after a step that delivered :data:`LEAP` times more, four after one whose
+   rate grew nearly as the threads did, by :data:`PROPORTIONAL` of their growth: reads that
+   wait; and, when a leap went too far, the rungs it skipped, halving the span between the best
+   and the rung too far); a step that does not is given one more chance, the step after it (rates that rise slowly, as reads that wait meet the CPU, gain little per step but
    much over two);
 3. then measure the best again and go down from it, measuring each setting below again, while
    each still delivers :data:`TIE` of what the best delivers (a tie goes to fewer threads:
@@ -28,7 +29,8 @@ climbing a ladder of settings and measuring what reaches the consumer:
 
 Loader processes (when a feed is read by loaders and their number was not given) are tuned
 once the threads have settled, one more at a time while those reading are busy and a core is
-left (:mod:`.loadercount`); one tried counts from when the reading side says it reads
+left (:mod:`.loadercount`: the next is started once the climb is over, while fewer threads are
+measured); one tried counts from when the reading side says it reads
 (:meth:`Tuner.processes_ready`), measured twice, the larger counting, and is kept when it
 delivers :data:`GAIN` times the best so far.
 
@@ -62,7 +64,7 @@ import time
 from collections.abc import Callable
 
 from .loadercount import LoaderCount
-from .tuningreport import Tuning
+from .tuningreport import DOING, Tuning
 
 __all__ = [
     "CARRIED_PAUSE",
@@ -70,6 +72,7 @@ __all__ = [
     "GAIN",
     "LADDER",
     "LEAP",
+    "PROPORTIONAL",
     "TIE",
     "WAITED_SHARE",
     "WHOLE_PASSES",
@@ -95,9 +98,11 @@ CARRIED_PAUSE = WINDOW_SECONDS / 10
 #: down (:data:`TIE`).
 GAIN = 1.05
 #: A step up that delivers this many times the best rate so far is followed by a leap of two
-#: rungs (about twice the threads): reads that wait gain nearly in proportion, and a long ladder
-#: climbed a rung at a time would take many windows.
+#: rungs (about twice the threads): a long ladder climbed a rung at a time takes many windows.
 LEAP = 1.3
+#: ... of four rungs when its rate grew by at least this share of what the threads grew: reads
+#: that wait (object storage, a service, dask chunks computed one by one) grow so up to tens.
+PROPORTIONAL = 0.8
 #: A step down is kept when it still delivers this share of the best rate so far.
 TIE = 0.95
 #: A held setting is tuned again when the rate leaves ``[rate * (1 - DRIFT), rate / (1 - DRIFT)]``
@@ -109,17 +114,6 @@ DRIFT_WINDOWS = 3
 #: tuner that has not settled holds its setting (see the module docstring).
 WHOLE_PASSES = 3
 WAITED_SHARE = 0.1
-
-
-#: What a tuner that has not settled is doing, by phase (for :attr:`Tuning.why`).
-_DOING = {
-    "warm-up": "measuring the starting setting",
-    "measure": "measuring the starting setting",
-    "up": "trying more threads",
-    "again": "measuring the best so far again",
-    "down": "trying fewer threads",
-    "processes": "trying more loader processes",
-}
 
 
 class Tuner:
@@ -166,8 +160,9 @@ class Tuner:
         self._best = 0  # ladder position of the best setting so far
         self._phase = "settled" if fixed else "warm-up"
         self._down_from = start
-        self._leapt = False  # the last step up was a leap of two rungs
-        self._filling = False  # measuring the rung that leap skipped
+        self._leap = 0  # rungs the last step up leapt (0: it was not a leap)
+        # The rungs a leap that went too far skipped, halved at each: (best, too far).
+        self._span: tuple[int, int] | None = None
         self._drifting = 0
         self._whole = 0  # passes in a row asked for whole and taken with little waiting
         self._held = False  # settled by :meth:`_hold`, not by measuring
@@ -255,6 +250,7 @@ class Tuner:
             if retune:  # reading no longer keeps ahead: measure from here
                 self._held, self._phase, self._settled_after = False, "measure", None
                 self._rates.clear()
+                self.loaders.busy.clear()
                 self._why = "tuning again (passes are no longer read ahead whole unwaited for)"
             if self._window_start is None or held or retune:
                 self._open(now)  # (what it holds may be from long ago)
@@ -314,7 +310,7 @@ class Tuner:
         assert self._window_start is not None
         rate = self._rows / max(now - self._window_start, 1e-9)
         self._window_start = None
-        self.loaders.closed(self._clock(), self.threads)
+        self.loaders.closed(self._clock(), self.threads, rate)
         self._decide(rate)
         if self._window_start is None and not self._skip:  # no move: the next window starts now
             self._open(now)
@@ -327,7 +323,7 @@ class Tuner:
                 tuned=not self.fixed,
                 settled=settled,
                 rates=dict(self._rates),
-                why=self._why if settled else f"{self._why}: {_DOING[self._phase]}",
+                why=self._why if settled else f"{self._why}: {DOING[self._phase]}",
                 settled_after=self._settled_after,
                 processes=self.processes,
                 process_rates=dict(self.loaders.rates),
@@ -356,20 +352,31 @@ class Tuner:
         self._rates[here] = rate
         best = self._rates.get(self.ladder[self._best], 0.0)
         if self._phase == "measure":
-            self._best, self._leapt, self._filling = self._at, False, False
+            self._best, self._leap, self._span = self._at, 0, None
             self._step("up")
         elif self._phase == "up":
-            if self._filling:  # the rung a leap skipped: the last of the climb
-                self._filling = False
+            if self._span is not None:  # a rung a leap skipped: halve the span it lies in
+                low, high = self._span
                 if rate > best * GAIN:
-                    self._best = self._at
-                self._again()
+                    self._best = low = self._at
+                else:
+                    high = self._at
+                self._span = (low, high) if high - low > 1 else None
+                if self._span is None:  # the last of the climb
+                    self._again()
+                else:
+                    self._move((low + high) // 2)
             elif rate > best * GAIN:
-                self._best, self._leapt = self._at, rate > best * LEAP
-                self._step("up", 2 if self._leapt else 1)
-            elif self._leapt and self._at == self._best + 2:  # too far: the rung skipped
-                self._leapt, self._filling = False, True
-                self._move(self._best + 1)
+                rungs = 1
+                if rate > best * LEAP:  # in proportion to the threads: a longer leap
+                    more = here / self.ladder[self._best]
+                    rungs = 4 if rate >= best * (1 + PROPORTIONAL * (more - 1)) else 2
+                self._best = self._at
+                self._step("up", rungs)
+                self._leap = max(0, self._at - self._best) if rungs > 1 else 0
+            elif self._leap > 1 and self._at == self._best + self._leap:  # too far: halfway
+                self._span, self._leap = (self._best, self._at), 0
+                self._move((self._best + self._at) // 2)
             elif self._at == self._best + 1 and self._at + 1 < len(self.ladder):
                 self._move(self._at + 1)  # one step further before giving up
             else:
@@ -397,11 +404,13 @@ class Tuner:
             self._step("down")
         else:
             self._phase = "again"
+            self.loaders.want_spare(self.loaders.threads(self.ladder[self._best]))
             self._move(self._best)
 
     def _step(self, direction: str, rungs: int = 1) -> None:
         if direction == "down" and self._phase != "down":
             self._down_from = self.ladder[self._best]  # what fewer threads must still deliver
+            self.loaders.want_spare(self.loaders.threads(self._down_from))  # the climb is over
         target = self._best + (rungs if direction == "up" else -1)
         if direction == "up" and target >= len(self.ladder) > self._best + 1:
             target = len(self.ladder) - 1  # a leap past the top: the top
@@ -428,6 +437,7 @@ class Tuner:
         self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
         self._thread_reason = reason
         why_not = self.loaders.why_not_more(self.threads)
+        self.loaders.spare = 0
         if why_not is None:  # one more loader next
             self.loaders.begin(rate)
             self._phase, self._settled_after = "processes", None
@@ -446,6 +456,7 @@ class Tuner:
         """The loaders tried are measured: settled at the best count (see :mod:`.loadercount`)."""
         self._phase, self._drifting = "settled", 0
         self._chosen = rate = self.loaders.best_rate
+        self.loaders.spare = 0
         self._settled_after = self._reading_seconds()
         loaders = f" with {self.processes} loader processes" if self.processes > 1 else ""
         self._why = (
@@ -457,6 +468,7 @@ class Tuner:
         """Hold the setting: reading keeps ahead of the consumer (see the module docstring)."""
         if self._phase == "processes":  # loaders starting or measured: back to those before
             self.loaders.back()
+        self.loaders.spare = 0
         self._best, self._phase, self._drifting, self._held = self._at, "settled", 0, True
         self._chosen = self._rates.get(self.ladder[self._at])
         self._settled_after = self._reading_seconds()
@@ -477,9 +489,11 @@ class Tuner:
         if self._drifting >= DRIFT_WINDOWS:  # something changed: tune again from here
             self._rates.clear()
             self.loaders.rates.clear()
+            self.loaders.busy.clear()
+            self.loaders.spare = 0
             self._settled_after = None
             self._phase, self._drifting, self._held = "measure", 0, False
             self._why = f"tuning again (the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s)"
             self._rates[self.ladder[self._at]] = rate
-            self._best, self._leapt, self._filling = self._at, False, False
+            self._best, self._leap, self._span = self._at, 0, None
             self._step("up")

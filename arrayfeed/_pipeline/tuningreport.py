@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Tuning"]
+__all__ = ["DOING", "Tuning"]
+
+#: What a tuner that has not settled is doing, by phase (the end of :attr:`Tuning.why`).
+DOING = {
+    "warm-up": "measuring the starting setting",
+    "measure": "measuring the starting setting",
+    "up": "trying more threads",
+    "again": "measuring the best so far again",
+    "down": "trying fewer threads",
+    "processes": "trying more loader processes",
+}
 
 
 @dataclass(frozen=True)

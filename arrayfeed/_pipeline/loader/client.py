@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..._errors import LoaderError
 from ..readers import reads_next
 from .members import Asked, Link, LoaderCountMixin, cpu_of
-from .processes import loaders
+from .processes import LoaderProcess, loaders
 from .slots import Slots, area_bytes
 from .wire import (
     MAX_FDS,
@@ -85,6 +85,8 @@ class RemoteFeed(LoaderCountMixin):
         self._warming: list[Link] = []  # loaders joined, reading, that have delivered nothing
         self._warm_token = 0  # the last pass started when they joined
         self._no_more = False  # a loader could not be started: no more are tried
+        self._spares: list[LoaderProcess] = []  # started before they are tried
+        self._spare_count = 0
         self._ahead: Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
         if os.path.exists("/proc/self/stat"):  # what the loaders use tells the tuner whether

@@ -2,7 +2,8 @@
 and how many of them are asked for groups — as many as the tuner says (:mod:`..loadercount`):
 a loader started while a pass is read joins it, and is asked for groups once registered (the
 tuner counting from its first group: it opens the files, or the storage's connections, there);
-one no longer asked for leaves once it has delivered what it was asked for.
+one no longer asked for leaves once it has delivered what it was asked for. The loader the tuner
+may try next is started before it is tried, and registered with the feed only then.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class LoaderCountMixin:
     _warming: list[Link]  # loaders joined, reading, that have delivered nothing
     _warm_token: int  # the last pass started when they joined
     _no_more: bool  # a loader could not be started: no more are tried
+    _spares: list[LoaderProcess]  # loaders started before they are tried (see _fit_spares)
+    _spare_count: int  # the count the tuner asked to have started, when they were
 
     def _connect(self) -> None:
         raise NotImplementedError
@@ -118,7 +121,13 @@ class LoaderCountMixin:
         group on: the first opens the files, or the storage's connections, there), and let go
         of those beyond it once they have no group to deliver."""
         count = max(1, self.tuner.processes)
-        if count == len(self._links) and not self._joining and not self._warming:
+        spare = self.tuner.loaders.spare
+        if (
+            count == len(self._links)
+            and not self._joining
+            and not self._warming
+            and spare == self._spare_count
+        ):
             return
         with self._cond:  # (two passes of one feed may be read at once)
             if count > len(self._links) and not self._joining and not self._no_more:
@@ -152,6 +161,27 @@ class LoaderCountMixin:
                 for link in self._links[count:]:
                     if not link.slots:
                         self._retire(link)
+            if spare != self._spare_count:
+                self._fit_spares(spare)
+
+    def _fit_spares(self, spare: int) -> None:
+        """Start the loaders the tuner may try next (``spare`` in all), not yet registered
+        with this feed: a new interpreter imports the package for about half a second of a core,
+        which then passes while the tuner measures fewer threads, not while it measures more
+        loaders; let go of those it no longer may try (those it did are among the links)."""
+        self._spare_count = spare
+        linked = [link.process for link in self._links]
+        if spare > len(self._links) and not self._no_more:
+            try:
+                taken = loaders().take(spare, self.feed_id)
+            except OSError:  # no more processes here: the tuner will find so when it tries
+                return
+            self._spares = [p for p in taken if p not in linked]
+            return
+        for process in self._spares:
+            if process not in linked:
+                loaders().release(self.feed_id, process)
+        self._spares = []
 
     def _grow(self, count: int) -> None:
         with self._cond:
