@@ -684,7 +684,10 @@ def test_a_loader_held_back_by_its_interpreter_gets_company_in_the_cores_left() 
     tuner, clock = loader_tuner(most=2, cores=2)
     loaders = Loaders(tuner, clock, busy=1.5)
     loaders.drive(
-        lambda threads, processes: 1e4 * min(threads, 2) * (1.3 if processes > 1 else 1), 20
+        lambda threads, processes: (
+            1e4 * min(threads * processes, 2) * (1.3 if processes > 1 else 1)
+        ),
+        20,
     )
     report = tuner.report()
     assert (report.processes, report.settled) == (2, True), report
@@ -706,7 +709,7 @@ def test_the_next_loader_is_started_while_fewer_threads_are_measured() -> None:
     (``loaders.spare``) before it asks for it, and stops saying so once it has settled."""
     tuner, clock = loader_tuner(most=2, cores=2)
     loaders = Loaders(tuner, clock, busy=1.0)
-    loaders.drive(lambda threads, processes: 1e4 * min(threads, 2) * processes**0.5, 20)
+    loaders.drive(lambda threads, processes: 1e4 * min(threads * processes, 2) * processes**0.5, 20)
     report = tuner.report()
     assert (report.processes, report.settled) == (2, True), report
     first_spare = next(t for t, spare, _ in loaders.seen_spare if spare == 2)
@@ -744,3 +747,44 @@ def test_how_busy_the_loaders_were_is_taken_from_the_window_that_counts() -> Non
     assert tuner.history[:6] == [2, 3, 4, 6, 8, 4], tuner.history  # 4 measured again: low
     assert sorted(report.process_rates) == [1, 2], report
     assert report.processes == 2
+
+
+def test_a_core_left_in_some_windows_is_tried() -> None:
+    """A ``map_batch`` looping in Python uses 1.5 of 2 cores in one window and 1.7 in the next
+    (the faster ones use more): when the windows disagree, the next loader is tried, and kept
+    as it delivers more."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+
+    def busier() -> bool:
+        return int(clock[0] / WINDOW_SECONDS) % 2 == 1
+
+    loaders = Loaders(tuner, clock, busy=lambda: 1.7 if busier() else 1.5)
+
+    def rate(threads: int, processes: int) -> float:
+        return (
+            1e4
+            * min(threads * processes, 2)
+            * (1.3 if processes > 1 else 1)
+            * (1.02 if busier() else 1)
+        )
+
+    loaders.drive(rate, 20)
+    report = tuner.report()
+    assert (report.processes, report.settled) == (2, True), report
+
+
+def test_a_loader_count_tried_shares_the_threads_there_were() -> None:
+    """Two threads held back by one interpreter's lock: the second loader is tried with one
+    thread each (the same reads at once, in two interpreters), not two each, which on 2 cores
+    would only contend."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+    loaders = Loaders(tuner, clock, busy=1.3)
+
+    def rate(threads: int, processes: int) -> float:
+        at_once = threads * processes
+        return 1e4 * min(at_once, 2) * (1.14 if processes > 1 else 1) / max(1, at_once - 2)
+
+    loaders.drive(rate, 20)
+    report = tuner.report()
+    assert (report.processes, report.threads, report.settled) == (2, 1, True), report
+    assert (2, 2) not in loaders.seen_threads and (1, 2) in loaders.seen_threads

@@ -53,15 +53,16 @@ class LoaderCount:
             {p for p in PROCESS_LADDER if processes <= p <= most} | {processes, most}
         )
         self.budget, self.cores, self.cpu, self.gain = budget, cores, cpu, gain
+        self.base = max(1, processes)  # the count a setting's threads are for (see threads)
         self.at = self.best = 0
         self.best_rate = 0.0  # what the best count delivered
         self.first: float | None = None  # the first of the two measurements of a count tried
         self.rates: dict[int, float] = {}  # rows/s by count tried
         self.starting = False  # loaders starting: nothing is counted until they read
-        #: Share of a core each loader used, by (count, threads each), in the window that
-        #: delivered the most at that setting (the one its rate counts by, see :meth:`closed`),
-        #: and that window's rate.
-        self.busy: dict[tuple[int, int], tuple[float, float]] = {}
+        #: Share of a core each loader used, by (count, threads each): in the window that
+        #: delivered the most at that setting, that window's rate, and the least share of any
+        #: window at it (see :meth:`closed`).
+        self.busy: dict[tuple[int, int], tuple[float, float, float]] = {}
         self._mark: tuple[float, float] | None = None  # (clock, cpu) at the window's opening
         #: Loaders worth starting before they are tried (0: none): the count to be tried next,
         #: once the threads' climb is over and one more may pay (see :meth:`want_spare`).
@@ -72,8 +73,14 @@ class LoaderCount:
         return self.ladder[self.at]
 
     def threads(self, setting: int) -> int:
-        """Threads of each loader for a ``setting``: fewer where every loader's would not fit."""
-        return max(1, min(setting, self.budget // max(1, self.count) - 1))
+        """Threads of each loader for a ``setting``: the setting's threads (those of
+        :attr:`base` loaders) shared among the loaders there are, and fewer where every
+        loader's would not fit. A count tried reads with the threads there were, in more
+        interpreters: what it delivers more is theirs (more loaders each with as many threads
+        would also read more at once; a ``map_batch`` looping in Python read 1.14x with two
+        loaders of one thread as with one of two, less with two of three)."""
+        share = -(-setting * self.base // max(1, self.count))
+        return max(1, min(share, self.budget // max(1, self.count) - 1))
 
     # -- how busy the loaders were --------------------------------------------------------------
     def opened(self, now: float) -> None:
@@ -82,16 +89,22 @@ class LoaderCount:
 
     def closed(self, now: float, threads: int, rate: float) -> None:
         """The window opened last closes at ``now``, read with ``threads`` in each loader, having
-        delivered ``rate``. Of the windows of one setting, the share of the one that delivered
-        the most counts, as its rate does: a window that lands low (the storage slower for a
-        moment, on object storage one in ten by 10-25 %) finds the loaders waiting more, and
-        would pass a loader held back by its interpreter's lock for one that waits."""
+        delivered ``rate``. When the windows of one setting disagree, one more loader is tried
+        (two windows, and let go if it does not pay): whether the loaders were held back is
+        judged from the window that delivered the most, as the setting's rate is (one that lands
+        low, the storage slower for a moment, finds them waiting more: Zarr on S3 read 48 % of a
+        core in one, and no second loader was tried, which reads 1.3-1.6x as much there);
+        whether a core is left, from the window that used the least (a ``map_batch`` looping
+        in Python used 1.5-1.6 of 2 cores from one window to the next, and two loaders read
+        1.1-1.3x as much as one)."""
         if self.cpu is not None and self._mark is not None:
             began, used = self._mark
             share = (self.cpu() - used) / max(now - began, 1e-9) / max(1, self.count)
             key = (self.count, threads)
-            if rate >= self.busy.get(key, (0.0, 0.0))[1]:
-                self.busy[key] = (share, rate)
+            best, best_rate, least = self.busy.get(key, (share, rate, share))
+            if rate >= best_rate:
+                best, best_rate = share, rate
+            self.busy[key] = (best, best_rate, min(least, share))
 
     def why_not_more(self, threads: int) -> str | None:
         """Why one more loader would not pay after a window read with ``threads`` (None: it
@@ -103,10 +116,10 @@ class LoaderCount:
             return "the groups of more would not fit in the memory read ahead"
         if (self.count, threads) not in self.busy:
             return None
-        share = self.busy[self.count, threads][0]
+        share, _, least = self.busy[self.count, threads]
         if share < PROCESS_BUSY:
             return f"each used {share:.0%} of a core: more would wait beside them"
-        used = share * max(1, self.count)
+        used = least * max(1, self.count)
         if self.cores is not None and used + PROCESS_ROOM > self.cores:
             return f"they used {used:.1f} of the {self.cores:g} cores: none is left for more"
         return None
