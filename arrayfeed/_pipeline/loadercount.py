@@ -53,7 +53,6 @@ class LoaderCount:
             {p for p in PROCESS_LADDER if processes <= p <= most} | {processes, most}
         )
         self.budget, self.cores, self.cpu, self.gain = budget, cores, cpu, gain
-        self.base = max(1, processes)  # the count a setting's threads are for (see threads)
         self.at = self.best = 0
         self.best_rate = 0.0  # what the best count delivered
         self.first: float | None = None  # the first of the two measurements of a count tried
@@ -71,6 +70,11 @@ class LoaderCount:
     @property
     def count(self) -> int:
         return self.ladder[self.at]
+
+    @property
+    def base(self) -> int:
+        """The loader count a setting's threads are for: the first (see :meth:`threads`)."""
+        return max(1, self.ladder[0])
 
     def threads(self, setting: int) -> int:
         """Threads of each loader for a ``setting``: the setting's threads (those of
