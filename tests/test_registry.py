@@ -8,7 +8,11 @@ it and split its ``file.rows:key`` specs without a change, and it passes the con
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +95,49 @@ def test_without_its_backend_the_format_is_unknown(tmp_path: Path) -> None:
     np.savetxt(tmp_path / "t.rows", np.zeros((2, 2)))
     with pytest.raises(af.SourceNotFoundError, match=r"is not a \.npy, \.npz, HDF5 file or Zarr"):
         af.open_array(tmp_path / "t.rows")
+
+
+_IMPORTS_SCRIPT = """
+import json, pickle, sys
+import numpy as np
+root = sys.argv[1]
+np.save(f"{root}/x.npy", np.arange(60, dtype=np.float32).reshape(20, 3))
+import arrayfeed as af
+import arrayfeed._pipeline.loader.server  # what a loader process imports to start
+seen = {"import": sorted(m for m in HEAVY if m in sys.modules)}
+source = pickle.loads(pickle.dumps(af.open_array(f"{root}/x.npy")))  # as a loader receives it
+rows = sum(len(b) for b in af.batches(f"{root}/x.npy", batch_size=8, seed=0, processes=0))
+seen["read"] = sorted(m for m in HEAVY if m in sys.modules)
+seen["formats"] = [b.name for b in af._storage.registry.backends()]
+import h5py, zarr
+h5py.File(f"{root}/d.h5", "w")["x"] = np.zeros(3)
+zarr.create_array(f"{root}/z.zarr", shape=(3,), dtype="i4")
+seen["recognised"] = [
+    type(af._storage.as_source(h5py.File(f"{root}/d.h5")["x"], "d")).__name__,
+    type(af._storage.as_source(zarr.open_array(f"{root}/z.zarr"), "z")).__name__,
+]
+print(json.dumps({**seen, "rows": rows}))
+"""
+
+
+def test_reading_npy_imports_no_format_library(tmp_path: Path) -> None:
+    """``import arrayfeed``, a loader's start and an ``.npy`` read import neither h5py, zarr nor
+    fsspec (every backend is registered, each imports its library when first used); objects of
+    those libraries are still recognised once their user imports them."""
+    heavy = ("h5py", "zarr", "numcodecs", "fsspec", "scipy", "dask", "tensorflow")
+    script = f"HEAVY = {heavy!r}\n" + textwrap.dedent(_IMPORTS_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "import": [],
+        "read": [],
+        "formats": ["sparse", "zarr", "hdf5", "lazy", "npy"],
+        "recognised": ["H5ContiguousSource", "ZarrSource"],
+        "rows": 20,
+    }
 
 
 class TestRowsSource(SourceTests):

@@ -366,7 +366,7 @@ def test_an_unfinished_conversion_is_refused_and_replaced(
     bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import arrayfeed._conversion.copy as copy_module
-    import arrayfeed._conversion.tourl as tourl
+    import arrayfeed._storage.zarr.write as zarr_write
 
     data = _data()
     url = f"s3://{bucket}/cut.zarr"
@@ -382,7 +382,7 @@ def test_an_unfinished_conversion_is_refused_and_replaced(
     with monkeypatch.context() as m:
         m.setattr(copy_module, "write_rows", fail_after_two)
         m.setenv(copy_module.TEST_HOOK_ENV, "0")  # one chunk per slab
-        m.setattr(tourl, "remove_store", lambda output: None)  # as after `kill -9`
+        m.setattr(zarr_write, "remove_store", lambda output: None)  # as after `kill -9`
         with pytest.raises(KeyboardInterrupt):
             af.convert(data, url, chunk_rows=100, progress=False)
     assert af.written_by_arrayfeed(url).complete is False  # type: ignore[union-attr]

@@ -10,7 +10,8 @@ replaces the unfinished store (without ``overwrite``: an unfinished store holds 
 can read). An error or Ctrl-C also removes what was written, as far as it can.
 
 Only Zarr is written to object storage. A shuffle that needs its inputs staged stages them in a
-local temporary directory.
+local temporary directory. The Zarr writer's functions are imported where they are called, so that
+importing arrayfeed does not import zarr.
 """
 
 from __future__ import annotations
@@ -21,16 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._errors import ArrayfeedError, ConfigError, CorruptDataError, OutputExistsError
-from .._storage import (
-    ConversionRecord,
-    Format,
-    RemotePath,
-    destination_state,
-    mark_complete,
-    remote_error,
-    remove_store,
-    written_by_arrayfeed,
-)
+from .._storage import ConversionRecord, Format, RemotePath, remote_error, written_by_arrayfeed
 from .atomic import Workspace, deferred_interrupts
 from .copy import Copy
 from .verify import verify_copy
@@ -45,6 +37,8 @@ def check_url_destination(output: RemotePath, fmt: Format, overwrite: bool) -> N
             f"`output` '{output}' is on object storage, where arrayfeed writes Zarr stores only "
             "(an HDF5 file cannot be written in place there); end it in .zarr."
         )
+    from .._storage import destination_state
+
     state = destination_state(output)
     if state == "other":
         raise OutputExistsError(
@@ -78,6 +72,8 @@ def url_writing(output: RemotePath) -> Iterator[None]:
 def write_to_url(output: RemotePath, copy: Copy) -> ConversionRecord:
     """Run ``copy`` (a Zarr copy whose writes go through :func:`url_writing`) into a new store
     at ``output``, verify it, then mark it complete."""
+    from .._storage import mark_complete, remove_store
+
     finished = False
     try:
         with deferred_interrupts() as interrupts:

@@ -18,8 +18,13 @@ stored with converted data), :mod:`.fingerprint` (files changed under a source),
 points: loops over the registry).
 
 Code outside this package imports only what this module exports, and never names a concrete
-source class: ``h5py`` and ``zarr`` are imported nowhere else.
+source class: ``h5py`` and ``zarr`` are imported nowhere else. Importing it imports neither: each
+backend imports its library when first used (see :mod:`.registry`), and the names below that live
+in a module that needs one (the Zarr writer's) are looked up when first asked for.
 """
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .base import (
     Categorical,
@@ -65,7 +70,23 @@ from .remote.paths import RemotePath, forget_filesystems, is_url
 from .sparse.csr import csr_source
 from .sparse.rows import ragged_arange
 from .specs import split_spec
-from .zarr.write import DestinationState, destination_state, mark_complete, remove_store
+
+if TYPE_CHECKING:
+    from .zarr.write import DestinationState, destination_state, mark_complete, remove_store
+
+#: Names exported from modules that import a format's library, imported when first asked for.
+_LAZY = {
+    name: ".zarr.write"
+    for name in ("DestinationState", "destination_state", "mark_complete", "remove_store")
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
+
 
 __all__ = [
     "MARKER",

@@ -19,7 +19,10 @@ for its metadata before HDF5 reads its signature; and the NumPy backend, which l
 NumPy can make an array of, comes last.
 
 Every subpackage is imported (and so registered) the first time :func:`backends` is called, so a
-new format is one subpackage: its backend, registered in its ``__init__``.
+new format is one subpackage: its backend, registered in its ``__init__``. A backend module
+imports its format's library (h5py, zarr) and heavier modules only in the methods that use them
+(and recognises an object of that library with :func:`loaded`), as xarray's entry points do:
+opening a ``.npy`` file, or starting a loader process that reads one, imports neither.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import pkgutil
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -48,6 +52,7 @@ __all__ = [
     "Location",
     "OpenOptions",
     "backends",
+    "loaded",
     "register",
     "suffixes",
     "unregister",
@@ -233,6 +238,13 @@ def backends() -> tuple[Backend, ...]:
         if not _ORDERED:
             _ORDERED.append(tuple(sorted(_REGISTERED.values(), key=lambda b: (b.order, b.name))))
         return _ORDERED[0]
+
+
+def loaded(module: str) -> Any:
+    """The module named ``module`` if something has imported it, else None. A backend recognises
+    its library's objects with it: an ``h5py.Dataset`` cannot exist before h5py is imported, so
+    asking whether an object is one need not import h5py."""
+    return sys.modules.get(module)
 
 
 def _subpackages() -> Iterator[str]:

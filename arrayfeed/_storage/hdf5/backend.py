@@ -1,5 +1,10 @@
 """The HDF5 family's backend: files (``.h5``, ``.h5ad``, netCDF4 …) on disk and behind URLs,
-``h5py`` datasets, and the files ``convert`` writes."""
+``h5py`` datasets, and the files ``convert`` writes.
+
+Imported whenever the registry is (as every backend is), so it imports h5py and the family's
+modules only in the methods that use them, as xarray's backend entry points do: reading a
+``.npy`` file, or starting a loader process for one, never pays for h5py.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +13,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import h5py
-
 from ..._errors import ConfigError
 from ..base import Source
 from ..layout import SparseLayout, StoredArrays, StoreInfo, Writer
 from ..record import ConversionRecord
-from ..registry import Arrays, Backend, Location, OpenOptions
+from ..registry import Arrays, Backend, Location, OpenOptions, loaded
 from ..remote.paths import RemotePath
-from .describe import dataset_names, describe
-from .files import SIGNATURE, SUFFIXES, is_hdf5, read_record
-from .remote import RemoteH5Source, open_remote_h5
-from .source import h5_source, open_hdf5
-from .write import H5Writer, open_written
 
-__all__ = ["Hdf5Backend"]
+__all__ = ["SIGNATURE", "SUFFIXES", "Hdf5Backend"]
+
+#: File name suffixes taken as HDF5 without looking inside.
+SUFFIXES = frozenset({".h5", ".hdf5", ".he5", ".hdf", ".h5ad", ".nc", ".nc4"})
+#: The first bytes of every HDF5 file (without a user block).
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 class Hdf5Backend(Backend):
@@ -37,41 +40,67 @@ class Hdf5Backend(Backend):
 
     def detects(self, location: Location) -> bool:
         if not isinstance(location, RemotePath):
+            from .files import is_hdf5
+
             return is_hdf5(location)
         fs, path = location.filesystem()
         with fs.open(path, "rb") as f:
             return bool(f.read(len(SIGNATURE)) == SIGNATURE)
 
     def recognises(self, obj: Any) -> bool:
-        return isinstance(obj, h5py.Dataset)
+        h5py = loaded("h5py")
+        return h5py is not None and isinstance(obj, h5py.Dataset)
 
     def source_of(self, obj: Any, name: str, *, for_copy: bool = False) -> Source | None:
-        return h5_source(obj) if isinstance(obj, h5py.Dataset) else None
+        if not self.recognises(obj):
+            return None
+        from .source import h5_source
+
+        return h5_source(obj)
 
     def open(self, location: Location, key: str | None, options: OpenOptions) -> Source:
         if isinstance(location, RemotePath):
+            from .remote import RemoteH5Source
+
             return RemoteH5Source.open(location, key, options.field)
+        from .source import open_hdf5
+
         return open_hdf5(location, key, options.field, decode_cf=options.decode_cf)
 
     def array_keys(self, location: Location) -> list[str] | None:
+        import h5py
+
         if not isinstance(location, RemotePath):
+            from .describe import dataset_names
+
             return dataset_names(location)
+        from .remote import open_remote_h5
+
         with open_remote_h5(location) as f:
             names: list[str] = []
             f.visititems(lambda k, v: names.append(k) if isinstance(v, h5py.Dataset) else None)
             return names
 
     def describe(self, location: Location) -> StoreInfo:
+        from .describe import describe
+
         if not isinstance(location, RemotePath):
             return describe(location)
+        from .remote import open_remote_h5
+
         with open_remote_h5(location) as f:
             return describe(location, f)
 
     def is_group(self, obj: Any) -> bool:
-        return isinstance(obj, h5py.Group)
+        h5py = loaded("h5py")
+        return h5py is not None and isinstance(obj, h5py.Group)
 
     def read_record(self, store: Location | Any) -> ConversionRecord | None:
+        from .files import is_hdf5, read_record
+
         if isinstance(store, RemotePath):
+            from .remote import open_remote_h5
+
             with open_remote_h5(store) as f:
                 return read_record(f)
         if isinstance(store, Path) and not is_hdf5(store):
@@ -91,6 +120,8 @@ class Hdf5Backend(Backend):
                 f"`output` '{path}' is on object storage, where arrayfeed writes Zarr stores "
                 "only (an HDF5 file cannot be written in place there); end it in .zarr."
             )
+        from .write import H5Writer
+
         return H5Writer(path, arrays, chunk_rows, compression, sparse)
 
     def open_written(
@@ -101,5 +132,7 @@ class Hdf5Backend(Backend):
         *,
         count_chunks: bool,
     ) -> contextlib.AbstractContextManager[StoredArrays]:
+        from .write import open_written
+
         assert isinstance(path, Path)
         return open_written(path, names, groups)

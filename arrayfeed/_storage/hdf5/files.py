@@ -1,7 +1,7 @@
 """HDF5 files: how arrayfeed recognises, opens and checks one, whatever it then reads.
 
-- **Recognising.** :data:`SUFFIXES` are taken as HDF5 without looking inside; any other file is
-  HDF5 when it carries the signature (:func:`is_hdf5`).
+- **Recognising.** A file whose name does not say HDF5 (:data:`.backend.SUFFIXES`) is HDF5 when
+  it carries the signature (:func:`is_hdf5`).
 - **Opening.** A file another process holds open for writing is refused with
   :class:`~arrayfeed.SourceUnavailableError`; a writer in SWMR mode is read through SWMR
   (:func:`open_h5_file`). A file that is not HDF5 is named, a netCDF3 one with the fix
@@ -27,8 +27,6 @@ from .cf import is_dimension_placeholder, netcdf3_error
 from .codecs import FILTER_NAMES
 
 __all__ = [
-    "SIGNATURE",
-    "SUFFIXES",
     "check_filters",
     "data_names",
     "h5_fingerprint",
@@ -37,11 +35,6 @@ __all__ = [
     "open_readable",
     "read_record",
 ]
-
-#: File name suffixes taken as HDF5 without looking inside.
-SUFFIXES = frozenset({".h5", ".hdf5", ".he5", ".hdf", ".h5ad", ".nc", ".nc4"})
-#: The first bytes of every HDF5 file (without a user block).
-SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def is_hdf5(path: str | os.PathLike[str]) -> bool:

@@ -3,7 +3,8 @@
 
 AnnData's elements live in another family's files: this backend reads no file of its own, but
 :meth:`SparseBackend.open_element` is asked before HDF5 or Zarr opens a key as a plain array, so
-``"cells.h5ad:X"`` opens the CSR matrix, not its ``data`` array.
+``"cells.h5ad:X"`` opens the CSR matrix, not its ``data`` array. Like every backend, it imports
+h5py and zarr (through :mod:`.anndata` and :mod:`.elements`) only in the methods that use them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from ..._errors import SourceNotFoundError, StructureError
 from ..base import Source
 from ..layout import StoreInfo
 from ..registry import Backend, Location, OpenOptions
-from .anndata import open_h5_element, open_zarr_element
 from .csr import from_scipy, is_scipy_sparse
-from .elements import annotate, component_of, elements, node_component_of
 
 __all__ = ["SparseBackend"]
 
@@ -28,11 +27,21 @@ Opener = Callable[[Location, str | None, bool | None], Source | None]
 
 def _h5_element(location: Location, key: str | None, strict: bool | None) -> Source | None:
     # HDF5 files behind URLs are read as plain datasets only.
-    return open_h5_element(location, key) if isinstance(location, Path) else None
+    if not isinstance(location, Path):
+        return None
+    from .anndata import open_h5_element
+
+    return open_h5_element(location, key)
+
+
+def _zarr_element(location: Location, key: str | None, strict: bool | None) -> Source | None:
+    from .anndata import open_zarr_element
+
+    return open_zarr_element(location, key, strict)
 
 
 #: The families whose files hold AnnData's elements, and how each opens one.
-_OPENERS: dict[str, Opener] = {"hdf5": _h5_element, "zarr": open_zarr_element}
+_OPENERS: dict[str, Opener] = {"hdf5": _h5_element, "zarr": _zarr_element}
 
 
 class SparseBackend(Backend):
@@ -49,6 +58,8 @@ class SparseBackend(Backend):
         return from_scipy(obj, "matrix") if is_scipy_sparse(obj) else None
 
     def source_of(self, obj: Any, name: str, *, for_copy: bool = False) -> Source | None:
+        from .elements import node_component_of
+
         if for_copy and (part := node_component_of(obj)) is not None:
             raise StructureError(
                 f"`{name}` is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows of "
@@ -64,6 +75,8 @@ class SparseBackend(Backend):
         opener = _OPENERS.get(container.name)
         if opener is None:
             return None
+        from .elements import component_of
+
         part = component_of(location, key) if options.for_copy else None
         if part is not None:
             raise StructureError(
@@ -84,6 +97,8 @@ class SparseBackend(Backend):
     def annotate(self, location: Location, info: StoreInfo, container: Backend) -> StoreInfo:
         if container.name not in _OPENERS or not isinstance(location, Path):
             return info  # elements are listed for local files only
+        from .elements import annotate
+
         return annotate(location, info)
 
 
@@ -93,6 +108,8 @@ def _whole_matrix_key(location: Location, container: Backend) -> str | None:
     when there are several; None when it holds no sparse matrix (the container decides)."""
     if not isinstance(location, Path):
         return None
+    from .elements import elements
+
     matrices = [e for e in elements(location) if e.kind.endswith("_matrix")]
     if not matrices:
         return None
