@@ -107,6 +107,8 @@ import arrayfeed._pipeline.loader.server  # what a loader process imports to sta
 seen = {"import": sorted(m for m in HEAVY if m in sys.modules)}
 source = pickle.loads(pickle.dumps(af.open_array(f"{root}/x.npy")))  # as a loader receives it
 rows = sum(len(b) for b in af.batches(f"{root}/x.npy", batch_size=8, seed=0, processes=0))
+memmap = np.load(f"{root}/x.npy", mmap_mode="r")
+rows += sum(len(y) for _, y in af.batches(memmap, np.arange(20), batch_size=8, processes=0))
 seen["read"] = sorted(m for m in HEAVY if m in sys.modules)
 seen["formats"] = [b.name for b in af._storage.registry.backends()]
 import h5py, zarr
@@ -121,9 +123,10 @@ print(json.dumps({**seen, "rows": rows}))
 
 
 def test_reading_npy_imports_no_format_library(tmp_path: Path) -> None:
-    """``import arrayfeed``, a loader's start and an ``.npy`` read import neither h5py, zarr nor
-    fsspec (every backend is registered, each imports its library when first used); objects of
-    those libraries are still recognised once their user imports them."""
+    """``import arrayfeed``, a loader's start and reading an ``.npy`` file (by name, or a memory
+    map) import neither h5py, zarr nor fsspec (every backend is registered, each imports its
+    library when first used); objects of those libraries are still recognised once their user
+    imports them."""
     heavy = ("h5py", "zarr", "numcodecs", "fsspec", "scipy", "dask", "tensorflow")
     script = f"HEAVY = {heavy!r}\n" + textwrap.dedent(_IMPORTS_SCRIPT)
     proc = subprocess.run(
@@ -136,7 +139,7 @@ def test_reading_npy_imports_no_format_library(tmp_path: Path) -> None:
         "read": [],
         "formats": ["sparse", "zarr", "hdf5", "lazy", "npy"],
         "recognised": ["H5ContiguousSource", "ZarrSource"],
-        "rows": 20,
+        "rows": 40,
     }
 
 

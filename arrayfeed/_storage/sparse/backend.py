@@ -58,15 +58,16 @@ class SparseBackend(Backend):
         return from_scipy(obj, "matrix") if is_scipy_sparse(obj) else None
 
     def source_of(self, obj: Any, name: str, *, for_copy: bool = False) -> Source | None:
-        from .elements import node_component_of
+        if for_copy:
+            from .elements import node_component_of
 
-        if for_copy and (part := node_component_of(obj)) is not None:
-            raise StructureError(
-                f"`{name}` is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows of "
-                "data; copying it alone scrambles the matrix. Pass the matrix instead: its file "
-                f"and key ('FILE:{part[0]}'; copied as CSR, dense with `densify=True` / "
-                "--densify)."
-            )
+            if (part := node_component_of(obj)) is not None:
+                raise StructureError(
+                    f"`{name}` is the `{part[1]}` array of the sparse matrix '{part[0]}', not rows "
+                    "of data; copying it alone scrambles the matrix. Pass the matrix instead: its "
+                    f"file and key ('FILE:{part[0]}'; copied as CSR, dense with `densify=True` / "
+                    "--densify)."
+                )
         return from_scipy(obj, name) if is_scipy_sparse(obj) else None
 
     def open_element(
