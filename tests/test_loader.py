@@ -610,9 +610,66 @@ def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, A
     assert not any(p.alive() for p in started) and first.alive()
 
 
+def _noted(path: str) -> NotedMap:
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return NotedMap(path)
+
+
+class NotedMap:
+    """A ``map_batch`` that changes nothing, and notes in the file ``path`` the pid of every
+    process it is unpickled in."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, batch: Any) -> Any:
+        return batch
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _noted, (self.path,)
+
+
+def _unpickled_in(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_the_loader_to_try_next_unpickles_the_feed_before_it_is_tried(
+    files: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader started ahead opens the feed (its imports, its storage) while it waits to be
+    tried, and serves it with what it opened then: the feed is unpickled there once."""
+    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 8 << 10)  # groups for both
+    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
+    x, y = files["npy"]
+    noted = tmp_path / "unpickled"
+    b = af.batches(x, y, batch_size=10, seed=4, processes=1, map_batch=NotedMap(str(noted)))
+    remote = b._feed._remote
+    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
+    tuner.wanted = 1
+    first = remote._links[0].process
+    tuner.loaders.spare = 2
+    got = _epochs(b, 1)
+    spare = remote._spares[0]
+    deadline = time.monotonic() + 30
+    while spare.pid not in _unpickled_in(noted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _unpickled_in(noted) == [first.pid, spare.pid]  # before it was tried
+    tuner.wanted = 2
+    while not tuner.ready and time.monotonic() < deadline:
+        got += _epochs(b, 1)
+    while not remote._links[1].delivered and time.monotonic() < deadline:
+        got += _epochs(b, 1)
+    assert [link.process for link in remote._links] == [first, spare]
+    assert remote._links[1].delivered  # it served
+    assert _unpickled_in(noted) == [first.pid, spare.pid]  # with the feed it had unpickled
+    _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
+
+
 def test_a_loader_that_cannot_start_leaves_reading_to_those_there_are(
     files: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    loaders().stop()  # none left lingering by the tests before: the second must be started
     x, y = files["npy"]
     b = af.batches(x, y, batch_size=10, seed=4, processes=1)
     remote = b._feed._remote

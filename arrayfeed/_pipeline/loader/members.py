@@ -3,7 +3,8 @@ and how many of them are asked for groups — as many as the tuner says (:mod:`.
 a loader started while a pass is read joins it, and is asked for groups once registered (the
 tuner counting from its first group: it opens the files, or the storage's connections, there);
 one no longer asked for leaves once it has delivered what it was asked for. The loader the tuner
-may try next is started before it is tried, and registered with the feed only then.
+may try next is started before it is tried, and unpickles the feed then (its imports, and the
+storage it opens), but is registered with it, and asked for groups, only once tried.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class LoaderCountMixin:
     _no_more: bool  # a loader could not be started: no more are tried
     _spares: list[LoaderProcess]  # loaders started before they are tried (see _fit_spares)
     _spare_count: int  # the count the tuner asked to have started, when they were
+    _blob: bytes  # the feed, pickled
 
     def _connect(self) -> None:
         raise NotImplementedError
@@ -166,9 +168,11 @@ class LoaderCountMixin:
 
     def _fit_spares(self, spare: int) -> None:
         """Start the loaders the tuner may try next (``spare`` in all), not yet registered
-        with this feed: a new interpreter imports the package for about half a second of a core,
-        which then passes while the tuner measures fewer threads, not while it measures more
-        loaders; let go of those it no longer may try (those it did are among the links)."""
+        with this feed, and have them unpickle it: a new interpreter imports the package, and
+        then the feed's storage (a Zarr store on S3: its libraries, credentials, the store's
+        metadata), for about half a second of a core, which then passes while the tuner measures
+        fewer threads, not while it measures more loaders; let go of those it no longer may try
+        (those it did are among the links)."""
         self._spare_count = spare
         linked = [link.process for link in self._links]
         if spare > len(self._links) and not self._no_more:
@@ -176,6 +180,10 @@ class LoaderCountMixin:
                 taken = loaders().take(spare, self.feed_id)
             except OSError:  # no more processes here: the tuner will find so when it tries
                 return
+            for process in taken:
+                if process not in linked and process not in self._spares:
+                    with contextlib.suppress(OSError):  # one that died: found when tried
+                        process.prepare(self.feed_id, self._blob)
             self._spares = [p for p in taken if p not in linked]
             return
         for process in self._spares:

@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .wire import Channel, Hello, RegisterFeed
+from .wire import Channel, Hello, PrepareFeed, RegisterFeed
 
 __all__ = ["LINGER_SECONDS", "STOP_SECONDS", "LoaderProcess", "loaders"]
 
@@ -59,6 +59,11 @@ class LoaderProcess:
         finally:
             theirs.close()
         return Channel(mine)
+
+    def prepare(self, feed_id: int, blob: bytes) -> None:
+        """Have it unpickle the feed ``feed_id`` now, which it may soon be asked to serve (see
+        :class:`~.wire.PrepareFeed`)."""
+        self.control.send(PrepareFeed(feed_id, blob, dict(os.environ)))
 
     def alive(self) -> bool:
         return self.popen.poll() is None

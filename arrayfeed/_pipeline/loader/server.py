@@ -40,6 +40,7 @@ from .wire import (
     Failed,
     Hello,
     Loaded,
+    PrepareFeed,
     Raised,
     Read,
     Registered,
@@ -200,6 +201,27 @@ class FeedServer:
             self.channel.send(EpochEnded(token))
 
 
+def _set_environ(environ: dict[str, str]) -> bool:
+    """Take the training process's environment ``environ`` (as it is when a feed is built);
+    whether it changed this process's."""
+    if not environ or environ == dict(os.environ):
+        return False
+    os.environ.clear()
+    os.environ.update(environ)
+    forget_filesystems()  # made with the credentials and endpoints of the old one
+    return True
+
+
+def _load(message: RegisterFeed | PrepareFeed) -> Any:
+    """The feed ``message`` carries, unpickled in its environment (opening its sources), or the
+    :class:`Failed` that says why it could not be."""
+    _set_environ(message.environ)
+    try:
+        return pickle.loads(message.feed)
+    except BaseException as exc:
+        return Failed.of(exc, "".join(traceback.format_exception(exc)))
+
+
 def main() -> None:
     """Entry point of a loader process: ``python -c '...; main()' FD``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -215,6 +237,7 @@ def main() -> None:
     if os.getppid() != hello.parent:  # the parent died before PR_SET_PDEATHSIG took hold
         os._exit(0)
     feeds: dict[int, FeedServer] = {}
+    prepared: tuple[int, bytes, Any] | None = None  # (feed id, its bytes, what they gave)
 
     def gone(feed_id: int) -> None:
         feeds.pop(feed_id, None)
@@ -228,18 +251,18 @@ def main() -> None:
             message, fds = control.recv()
         except (EOFError, OSError):
             break
-        if isinstance(message, RegisterFeed):
+        if isinstance(message, PrepareFeed):
+            prepared = (message.feed_id, message.feed, _load(message))
+        elif isinstance(message, RegisterFeed):
             channel = Channel(socket.socket(fileno=fds[0]))
-            if message.environ and message.environ != dict(os.environ):
-                os.environ.clear()  # the training process's, as it is when this feed is built
-                os.environ.update(message.environ)
-                forget_filesystems()  # made with the credentials and endpoints of the old one
-            try:
-                feed = pickle.loads(message.feed)
-            except BaseException as exc:
-                trace = "".join(traceback.format_exception(exc))
+            changed = _set_environ(message.environ)
+            # The feed unpickled while this loader waited to be tried, if it is this one.
+            same = prepared is not None and prepared[:2] == (message.feed_id, message.feed)
+            feed = prepared[2] if prepared is not None and same and not changed else _load(message)
+            prepared = None
+            if isinstance(feed, Failed):
                 with contextlib.suppress(OSError):
-                    channel.send(Registered(message.feed_id, Failed.of(exc, trace)))
+                    channel.send(Registered(message.feed_id, feed))
                 channel.close()
                 continue
             server = FeedServer(message.feed_id, feed, channel, gone)
