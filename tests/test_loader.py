@@ -567,6 +567,17 @@ def test_loaders_join_while_reading_and_are_let_go_when_no_longer_asked_for(
     assert not second.alive() and first.alive()
 
 
+def _with_a_spare(b: af.Batches) -> tuple[Any, TwoThenOne, LoaderProcess, list[Any]]:
+    """``b`` read for an epoch by one loader, a second started ahead to be tried: its feed's
+    link, tuner, first loader and the epoch read."""
+    remote = b._feed._remote
+    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
+    tuner.wanted = 1
+    first = remote._links[0].process
+    tuner.loaders.spare = 2
+    return remote, tuner, first, _epochs(b, 1)
+
+
 def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, Any]) -> None:
     """A tuner whose threads' climb is over, with a busy loader, asks for the next count to be
     started (``loaders.spare``): the process starts and imports while fewer threads are
@@ -574,12 +585,7 @@ def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, A
     process. One that is not tried after all is let go, and stops."""
     x, y = files["npy"]
     b = af.batches(x, y, batch_size=10, seed=4, processes=1)
-    remote = b._feed._remote
-    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
-    tuner.wanted = 1
-    first = remote._links[0].process
-    tuner.loaders.spare = 2
-    got = _epochs(b, 1)
+    remote, tuner, first, got = _with_a_spare(b)
     spares = list(remote._spares)
     assert len(spares) == 1 and spares[0] is not first and spares[0].alive()
     assert [link.process for link in remote._links] == [first]  # started, not asked for groups
@@ -644,12 +650,7 @@ def test_the_loader_to_try_next_unpickles_the_feed_before_it_is_tried(
     x, y = files["npy"]
     noted = tmp_path / "unpickled"
     b = af.batches(x, y, batch_size=10, seed=4, processes=1, map_batch=NotedMap(str(noted)))
-    remote = b._feed._remote
-    b._feed.tuner = remote.tuner = tuner = TwoThenOne()
-    tuner.wanted = 1
-    first = remote._links[0].process
-    tuner.loaders.spare = 2
-    got = _epochs(b, 1)
+    remote, tuner, first, got = _with_a_spare(b)
     spare = remote._spares[0]
     deadline = time.monotonic() + 30
     while spare.pid not in _unpickled_in(noted) and time.monotonic() < deadline:
