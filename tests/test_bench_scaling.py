@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .conftest import run_benchmark
+import pytest
+
+from .conftest import REPO_ROOT, run_benchmark
 
 
 def test_smallest_configuration_writes_every_figure(tmp_path: Path) -> None:
@@ -168,3 +170,13 @@ def test_the_groups_benchmark_reports_the_groups_of_feeds_built_one_after_anothe
     assert [r["variant"] for r in runs] == ["2", "default"]
     assert all(r["group_steps"] >= 1 and r["rows_per_s"] > 0 for r in runs)
     assert runs[1]["windows"] and not runs[0]["windows"]
+
+
+def test_autotune_counts_a_run_that_never_settled_as_the_slowest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+    from bench_autotune import slowest
+
+    assert slowest([3.5, 2.0]) == 3.5
+    assert slowest([None, 3.5]) == float("inf")  # a miss, not 3.5
