@@ -6,11 +6,12 @@ requests) and a core is left for it; not when the first waits (on storage, or on
 another would wait beside it, and more threads do that for less), nor when its threads keep
 every core busy. :class:`LoaderCount` judges that from the CPU time the loaders reading used
 (``cpu``) over each window the tuner measures, and keeps the count that delivered the most,
-one more at a time (:data:`PROCESS_LADDER`), each measured twice once it reads (starting one
-takes about a second, and its first group opens the files or the storage's connections), the
-larger counting, as the threads' best is. The next count is started (:attr:`LoaderCount.spare`)
-as soon as the threads' climb is over and it may be tried, so that its start passes while fewer
-threads are measured. Pure logic, as :mod:`.tuning`, which drives it.
+one more at a time (:data:`PROCESS_LADDER`), each measured twice once it reads (a new one
+imports the package and opens the dataset, and its first group opens the storage's
+connections), the larger counting, as the threads' best is. The next count is started
+(:attr:`LoaderCount.spare`), and opens the dataset, as soon as the threads' climb is over and it
+may be tried, so that its start passes while fewer threads are measured. Pure logic, as
+:mod:`.tuning`, which drives it.
 """
 
 from __future__ import annotations
@@ -131,9 +132,9 @@ class LoaderCount:
     # -- the ladder -------------------------------------------------------------------------------
     def want_spare(self, threads: int) -> None:
         """The threads' climb is over at ``threads`` each: the next count is worth starting now
-        if it may be tried (a new loader is a new interpreter importing the package, about half
-        a second of a core; started now, that passes while fewer threads are measured, not
-        while the count is)."""
+        if it may be tried (a new loader is a new interpreter importing the package and opening
+        the dataset, 0.2-0.5 s of a core; started now, that passes while fewer threads are
+        measured, not while the count is)."""
         self.spare = self.ladder[self.at + 1] if self.why_not_more(threads) is None else 0
 
     def begin(self, rate: float) -> None:

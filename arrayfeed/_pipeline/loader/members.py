@@ -170,7 +170,7 @@ class LoaderCountMixin:
         """Start the loaders the tuner may try next (``spare`` in all), not yet registered
         with this feed, and have them unpickle it: a new interpreter imports the package, and
         then the feed's storage (a Zarr store on S3: its libraries, credentials, the store's
-        metadata), for about half a second of a core, which then passes while the tuner measures
+        metadata), for 0.2-0.5 s of a core, which then passes while the tuner measures
         fewer threads, not while it measures more loaders; let go of those it no longer may try
         (those it did are among the links)."""
         self._spare_count = spare
