@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -640,6 +641,26 @@ def _unpickled_in(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
+def _opened_ahead(
+    x: str, y: str, noted: Path, then: Callable[[], Any] = lambda: None
+) -> tuple[af.Batches, Any, TwoThenOne, list[Any]]:
+    """As :func:`_with_a_spare`, over a ``map_batch`` that notes where it is unpickled (in
+    ``noted``); once the spare has opened the feed, ``then`` is called and the spare tried.
+    Returns the batches, their link, tuner and what was read."""
+    b = af.batches(x, y, batch_size=10, seed=4, processes=1, map_batch=NotedMap(str(noted)))
+    remote, tuner, first, got = _with_a_spare(b)
+    deadline = time.monotonic() + 30
+    while len(_unpickled_in(noted)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _unpickled_in(noted) == [first.pid, remote._spares[0].pid]  # before it was tried
+    then()
+    tuner.wanted = 2
+    while not tuner.ready and time.monotonic() < deadline:
+        got += _epochs(b, 1)
+    assert [link.process.pid for link in remote._links] == _unpickled_in(noted)[:2]
+    return b, remote, tuner, got
+
+
 def test_the_loader_to_try_next_unpickles_the_feed_before_it_is_tried(
     files: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -649,22 +670,25 @@ def test_the_loader_to_try_next_unpickles_the_feed_before_it_is_tried(
     monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
     x, y = files["npy"]
     noted = tmp_path / "unpickled"
-    b = af.batches(x, y, batch_size=10, seed=4, processes=1, map_batch=NotedMap(str(noted)))
-    remote, tuner, first, got = _with_a_spare(b)
-    spare = remote._spares[0]
+    b, remote, _, got = _opened_ahead(x, y, noted)
     deadline = time.monotonic() + 30
-    while spare.pid not in _unpickled_in(noted) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _unpickled_in(noted) == [first.pid, spare.pid]  # before it was tried
-    tuner.wanted = 2
-    while not tuner.ready and time.monotonic() < deadline:
-        got += _epochs(b, 1)
     while not remote._links[1].delivered and time.monotonic() < deadline:
         got += _epochs(b, 1)
-    assert [link.process for link in remote._links] == [first, spare]
     assert remote._links[1].delivered  # it served
-    assert _unpickled_in(noted) == [first.pid, spare.pid]  # with the feed it had unpickled
+    assert len(_unpickled_in(noted)) == 2  # with the feed it had unpickled
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
+
+
+def test_a_loader_started_ahead_opens_the_feed_again_in_an_environment_changed_since(
+    files: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Credentials or endpoints set after the spare opened the feed: it is opened again, in the
+    environment the training process has when the spare is tried."""
+    noted = tmp_path / "unpickled"
+    since = lambda: monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # noqa: E731
+    _, remote, _, _ = _opened_ahead(*files["npy"], noted, then=since)
+    spare = remote._links[1].process
+    assert _unpickled_in(noted)[1:] == [spare.pid, spare.pid]
 
 
 def test_a_loader_that_cannot_start_leaves_reading_to_those_there_are(
