@@ -13,8 +13,8 @@ climbing a ladder of settings and measuring what reaches the consumer:
    (two rungs at a time after a step that delivered :data:`LEAP` times more, four after one whose
    rate grew nearly as the threads did, by :data:`PROPORTIONAL` of their growth: reads that
    wait; and, when a leap went too far, the rungs it skipped, halving the span between the best
-   and the rung too far); a step that does not is given one more chance, the step after it (rates that rise slowly, as reads that wait meet the CPU, gain little per step but
-   much over two);
+   and the rung too far); a step that does not is given one more chance, the step after it (rates
+   that rise slowly, as reads that wait meet the CPU, gain little per step but much over two);
 3. then measure the best again and go down from it, measuring each setting below again, while
    each still delivers :data:`TIE` of what the best delivers (a tie goes to fewer threads:
    when the consumer sets the pace, more threads only take cores from it). Measuring again after

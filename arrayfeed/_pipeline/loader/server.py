@@ -212,12 +212,11 @@ def _set_environ(environ: dict[str, str]) -> bool:
     return True
 
 
-def _load(message: RegisterFeed | PrepareFeed) -> Any:
-    """The feed ``message`` carries, unpickled in its environment (opening its sources), or the
-    :class:`Failed` that says why it could not be."""
-    _set_environ(message.environ)
+def _load(blob: bytes) -> Any:
+    """The feed pickled as ``blob``, unpickled (opening its sources), or the :class:`Failed` that
+    says why it could not be."""
     try:
-        return pickle.loads(message.feed)
+        return pickle.loads(blob)
     except BaseException as exc:
         return Failed.of(exc, "".join(traceback.format_exception(exc)))
 
@@ -252,14 +251,16 @@ def main() -> None:
         except (EOFError, OSError):
             break
         if isinstance(message, PrepareFeed):
-            prepared = (message.feed_id, message.feed, _load(message))
+            _set_environ(message.environ)
+            prepared = (message.feed_id, message.feed, _load(message.feed))
         elif isinstance(message, RegisterFeed):
             channel = Channel(socket.socket(fileno=fds[0]))
             changed = _set_environ(message.environ)
             # The feed unpickled while this loader waited to be tried, if it is this one.
-            same = prepared is not None and prepared[:2] == (message.feed_id, message.feed)
-            feed = prepared[2] if prepared is not None and same and not changed else _load(message)
-            prepared = None
+            ready, prepared = prepared, None
+            if ready is None or changed or ready[:2] != (message.feed_id, message.feed):
+                ready = (message.feed_id, message.feed, _load(message.feed))
+            feed = ready[2]
             if isinstance(feed, Failed):
                 with contextlib.suppress(OSError):
                     channel.send(Registered(message.feed_id, feed))
