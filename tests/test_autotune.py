@@ -207,6 +207,23 @@ def test_storage_slow_per_batch_gets_groups_of_few_batches() -> None:
     assert busy._feed.group_steps == fast._feed.group_steps
 
 
+def test_reading_in_this_process_leaps_as_far_as_its_cpu_says_more_would_fit() -> None:
+    """The training process reads (``processes=0``): what it used while 2 threads waited on
+    reads (the consumer's share too) tells the tuner that many more would fit in the cores,
+    and its first step up leaps there, not to 3."""
+    x = np.arange(50_000 * 4, dtype=np.float32).reshape(-1, 4)
+    b = af.batches(SlowRows(x), batch_size=32, seed=0, processes=0)
+    tuner = b._feed.tuner
+    assert tuner.loaders.cpu is time.process_time
+    start = tuner.threads
+    end = time.perf_counter() + 20
+    while len(tuner.history) < 2 and time.perf_counter() < end:
+        for _ in b:
+            if len(tuner.history) >= 2:
+                break
+    assert tuner.history[0] == start and tuner.history[1] >= 4 * start, tuner.history
+
+
 class BusyRows(SlowRows):
     """Rows whose every read first uses the CPU for 20 ms (decoding)."""
 

@@ -618,6 +618,35 @@ def test_loaders_that_wait_get_no_company() -> None:
     assert "; 1 loader process: each used 20% of a core: more would wait beside them)" in report.why
 
 
+def test_the_first_step_leaps_to_the_threads_that_would_fill_the_cores() -> None:
+    """Reads that wait use little of a core per thread (0.08 each here, on 2 cores): the first
+    step up goes straight to the rung at which they would use the cores there are, but the
+    consumer's room (1.6 / 0.16 * 2 = 20: 24), not a rung at a time."""
+    tuner, clock = loader_tuner(most=1, cores=2)
+    loaders = Loaders(tuner, clock, busy=lambda: 0.08 * tuner.threads)
+    loaders.drive(lambda threads, processes: 1e3 * min(threads, 20), 20)
+    report = tuner.report()
+    assert tuner.history[:2] == [2, 24], tuner.history
+    assert report.settled and report.threads in (16, 24), tuner.history
+    # Without what the reads use, the climb goes a rung at a time first, and takes longer.
+    blind, blind_clock = loader_tuner(most=1, cores=2)
+    Loaders(blind, blind_clock, busy=0.0).tuner.loaders.cpu = None
+    drive(blind, lambda r: 1e3 * min(r, 20), 20, blind_clock)
+    assert blind.history[:2] == [2, 3], blind.history
+    assert report.settled_after is not None and blind.report().settled_after is not None
+    assert report.settled_after < blind.report().settled_after
+
+
+def test_reads_that_keep_the_cores_busy_climb_a_rung_at_a_time() -> None:
+    """2 threads using 1.9 of 2 cores (decoding): no more would fit, and the first step up is
+    the next rung, as without a measure of the CPU."""
+    tuner, clock = loader_tuner(most=1, cores=2)
+    loaders = Loaders(tuner, clock, busy=1.9)
+    loaders.drive(lambda threads, processes: 1e4 * min(threads, 2), 20)
+    assert tuner.history[:2] == [2, 3], tuner.history
+    assert tuner.report().settled and tuner.threads <= 2, tuner.history
+
+
 def test_a_tie_goes_to_fewer_loaders() -> None:
     tuner, clock = loader_tuner(most=8)
     loaders = Loaders(tuner, clock)
@@ -744,7 +773,8 @@ def test_how_busy_the_loaders_were_is_taken_from_the_window_that_counts() -> Non
 
     loaders.drive(rate, 20)
     report = tuner.report()
-    assert tuner.history[:6] == [2, 3, 4, 6, 8, 4], tuner.history  # 4 measured again: low
+    # (2 threads used 1.0 of the 2 cores: 3.2 would fill them, and the first step leaps to 4.)
+    assert tuner.history[:6] == [2, 4, 6, 8, 4, 3], tuner.history  # 4 measured again: low
     assert sorted(report.process_rates) == [1, 2], report
     assert report.processes == 2
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -208,6 +209,8 @@ class Feed:
             processes=self.processes,
             most_processes=most,
             cores=cores,
+            # What reading in this process uses (a loader's, once there is one: RemoteFeed).
+            cpu=None if self.processes else time.process_time,
         )
 
     @property

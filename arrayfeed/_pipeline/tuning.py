@@ -8,8 +8,10 @@ climbing a ladder of settings and measuring what reaches the consumer:
 
 1. measure the rate (rows per second handed to the consumer) at the starting setting, over a
    window of :data:`WINDOW_SECONDS`, after a first window that is not counted (the first reads
-   of a dataset warm caches and start threads: not a steady state);
-2. go up the ladder while each step up delivers :data:`GAIN` times more than the best so far
+   of a dataset warm caches and start threads);
+2. step up: first as far as the readers' CPU says more would fit (see
+   :meth:`~.loadercount.LoaderCount.threads_to_fill`: reads that wait use little of a core),
+   then while each step up delivers :data:`GAIN` times more than the best so far
    (two rungs at a time after a step that delivered :data:`LEAP` times more, four after one whose
    rate grew nearly as the threads did, by :data:`PROPORTIONAL` of their growth: reads that
    wait; and, when a leap went too far, the rungs it skipped, halving the span between the best
@@ -17,22 +19,18 @@ climbing a ladder of settings and measuring what reaches the consumer:
    that rise slowly, as reads that wait meet the CPU, gain little per step but much over two);
 3. then measure the best again and go down from it, measuring each setting below again, while
    each still delivers :data:`TIE` of what the best delivers (a tie goes to fewer threads:
-   when the consumer sets the pace, more threads only take cores from it). Measuring again after
-   a climb cancels a rate that rose while climbing for reasons of its own (caches and
-   read-ahead filling in the first seconds): each step up then looked better than it was, and
-   the settings below, measured after the rise, are compared with the best measured after it
-   too. What the best delivers is the larger of its two measurements: a window that lands low
-   (one in ten, on object storage, by 10-25 %) would otherwise let every setting below it pass
-   for a tie, down to one that delivers much less;
+   when the consumer sets the pace, more threads only take cores from it). The best measured
+   again cancels a rate that rose on its own while climbing (caches and read-ahead filling in
+   the first seconds: each step up looked better than it was); what it delivers is the larger
+   of its two measurements (a window that lands low, one in ten on object storage, by 10-25 %,
+   would let every setting below it pass for a tie, down to one that delivers much less);
 4. hold the chosen setting; tune again, from it, only when the rate moves away from the one it
    was chosen at by more than :data:`DRIFT` for :data:`DRIFT_WINDOWS` windows in a row.
 
-Loader processes (when a feed is read by loaders and their number was not given) are tuned
-once the threads have settled, one more at a time while those reading are busy and a core is
-left (:mod:`.loadercount`: the next is started once the climb is over, while fewer threads are
-measured); one tried counts from when the reading side says it reads
-(:meth:`Tuner.processes_ready`), measured twice, the larger counting, and is kept when it
-delivers :data:`GAIN` times the best so far.
+Loader processes (read by loaders, their number not given) are tuned once the threads have
+settled, one more at a time while those reading are busy and a core is left (:mod:`.loadercount`);
+one tried counts from when it reads (:meth:`Tuner.processes_ready`), measured twice, the larger
+counting, and is kept when it delivers :data:`GAIN` times the best so far.
 
 After a move, the groups asked for at the setting before (and those of a window decoded ahead,
 ``ahead``) are not counted; a window in which a pass starts ends with that pass (see
@@ -54,7 +52,8 @@ changes how fast batches come, never which or in which order.
 Pure logic, starting no thread and doing no I/O: the reading side (:meth:`~.feed.Feed.epoch`,
 :meth:`~.loader.client.RemoteFeed.epoch`) asks :attr:`Tuner.threads` (and
 :attr:`Tuner.processes`) before each request and reports each group it hands over with
-:meth:`Tuner.delivered`; the loaders' CPU time comes from the ``cpu`` it is given.
+:meth:`Tuner.delivered`; the readers' CPU time (the loaders', or that of the process reading)
+comes from the ``cpu`` it is given.
 """
 
 from __future__ import annotations
@@ -353,7 +352,9 @@ class Tuner:
         best = self._rates.get(self.ladder[self._best], 0.0)
         if self._phase == "measure":
             self._best, self._leap, self._span = self._at, 0, None
-            self._step("up")
+            fill = self.loaders.threads_to_fill(here, self.threads) or 0.0  # (docstring, 2.)
+            self._step("up", 1 + sum(here < s < fill for s in self.ladder))
+            self._leap = self._at - self._best if self._at > self._best + 1 else 0
         elif self._phase == "up":
             if self._span is not None:  # a rung a leap skipped: halve the span it lies in
                 low, high = self._span
