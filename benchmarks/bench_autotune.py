@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", default="1,2,4,8,16,32")
     parser.add_argument(
         "--loaders",
-        default="2x1,2x2,2x4,2x16",
+        default="2x1,2x2,2x4,2x16,2x32",
         help="fixed settings PxN (P loader processes of N threads) of cases read by loaders",
     )
     parser.add_argument("--reps", type=int, default=3)
