@@ -30,7 +30,7 @@ Targets (printed with the machine): default / best fixed setting >= 0.9 per case
 20-ms cases default / one thread >= 8; the tuned setting holds within 5 s of reading; no case
 where the default is slower than one thread.
 
-    python benchmarks/bench_autotune.py                 # ~12 min on 2 cores
+    python benchmarks/bench_autotune.py                 # ~35 min on 2 cores (--reps 2: ~23)
     python benchmarks/bench_autotune.py --quick         # shorter runs, one round
     python benchmarks/bench_autotune.py --cases npy,latency --json out.json
 """
