@@ -526,12 +526,13 @@ def test_a_loader_that_closes_its_link_while_alive_is_named_so() -> None:
 
 class TwoThenOne(Tuner):
     """Asks for two loader processes until told to ask for one again (a tuner that tried a
-    second and found that it did not pay)."""
+    second and found that it did not pay). Its threads are fixed: a tuner measuring them would
+    settle at some point and reset ``loaders.spare``, which the tests set."""
 
     def __init__(self) -> None:
         self.wanted = 2
         self.ready: list[int] = []
-        super().__init__(2, 2, processes=1, most_processes=2)
+        super().__init__(2, 2, fixed=True, processes=1, most_processes=2)
 
     @property
     def processes(self) -> int:
