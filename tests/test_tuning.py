@@ -563,7 +563,9 @@ class Loaders:
         self.seen_spare: list[tuple[float, int, int]] = []
         tuner.loaders.cpu = lambda: self.cpu
 
-    def drive(self, rate: Callable[[int, int], float], seconds: float) -> None:
+    def drive(self, rate: Callable[[int, int], float], seconds: float, waited: bool = True) -> None:
+        """Deliver groups for ``seconds``; the consumer waits for each (``waited``) or not (it
+        sets the pace)."""
         tuner, clock = self.tuner, self.clock
         end = clock[0] + seconds
         while clock[0] < end:
@@ -580,7 +582,8 @@ class Loaders:
             interval = GROUP_SECONDS / tuner.threads / self.reading
             clock[0] += interval
             self.cpu += self.busy() * self.reading * interval
-            tuner.delivered(round(rate(tuner.threads, self.reading) * interval))
+            rows = round(rate(tuner.threads, self.reading) * interval)
+            tuner.delivered(rows, waited=interval if waited else 0.0)
 
 
 def loader_tuner(
@@ -635,6 +638,17 @@ def test_the_first_step_leaps_to_the_threads_that_would_fill_the_cores() -> None
     assert blind.history[:2] == [2, 3], blind.history
     assert report.settled_after is not None and blind.report().settled_after is not None
     assert report.settled_after < blind.report().settled_after
+
+
+def test_readers_that_wait_for_the_consumer_climb_a_rung_at_a_time() -> None:
+    """Readers that use little of a core because the consumer sets the pace (it never waits for
+    a group) would not deliver more with more threads: no leap, the next rung, as without a
+    measure of the CPU (and the tie then goes to fewer)."""
+    tuner, clock = loader_tuner(most=1, cores=2)
+    loaders = Loaders(tuner, clock, busy=lambda: 0.08 * tuner.threads)
+    loaders.drive(lambda threads, processes: 5e4, 20, waited=False)
+    assert tuner.history[:2] == [2, 3], tuner.history
+    assert tuner.report().settled and tuner.threads == 1, tuner.history
 
 
 def test_reads_that_keep_the_cores_busy_climb_a_rung_at_a_time() -> None:

@@ -9,8 +9,8 @@ climbing a ladder of settings and measuring what reaches the consumer:
 1. measure the rate (rows per second handed to the consumer) at the starting setting, over a
    window of :data:`WINDOW_SECONDS`, after a first window that is not counted (the first reads
    of a dataset warm caches and start threads);
-2. step up: first as far as the readers' CPU says more would fit (see
-   :meth:`~.loadercount.LoaderCount.threads_to_fill`: reads that wait use little of a core),
+2. step up: first as far as the readers' CPU says more would fit, if the consumer waited for
+   them (:meth:`~.loadercount.LoaderCount.threads_to_fill`: reads that wait use little CPU),
    then while each step up delivers :data:`GAIN` times more than the best so far
    (two rungs at a time after a step that delivered :data:`LEAP` times more, four after one whose
    rate grew nearly as the threads did, by :data:`PROPORTIONAL` of their growth: reads that
@@ -142,14 +142,8 @@ class Tuner:
         )
         #: The loader processes (see :mod:`.loadercount`): groups in flight in all of them stay
         #: within what one may read ahead.
-        self.loaders = LoaderCount(
-            processes,
-            processes if most_processes is None else most_processes,
-            (self.cap + 1) * max(1, processes),
-            cores,
-            cpu,
-            GAIN,
-        )
+        most, budget = max(processes, most_processes or 0), (self.cap + 1) * max(1, processes)
+        self.loaders = LoaderCount(processes, most, budget, cores, cpu, GAIN)
         self._chosen: float | None = None  # the rate the held setting was chosen at
         self._thread_reason = ""
         self._clock = clock
@@ -174,10 +168,8 @@ class Tuner:
         self._window_start: float | None = None
         self._opened = 0.0
         self._mark = 0.0  # the window's opening or last pass start: pauses are counted from it
-        self._rows = 0
-        self._groups = 0
-        self._starts = 0
-        self._due = False
+        self._rows = self._groups = self._starts = 0
+        self._due, self._in_wait, self._wait_share = False, 0.0, 0.0  # the consumer's, waiting
         self._skip = 0  # groups still to pass uncounted after a move
         self._why = "fixed by num_threads" if fixed else "tuning"
         self._first: float | None = None  # when the first group was delivered
@@ -282,6 +274,7 @@ class Tuner:
                 return
             self._rows += rows
             self._groups += 1
+            self._in_wait += waited
             if self._groups < WINDOW_GROUPS or now - self._window_start < WINDOW_SECONDS:
                 return
             if self._starts and now - self._opened < WINDOW_SECONDS_MAX:
@@ -302,12 +295,13 @@ class Tuner:
 
     def _open(self, now: float) -> None:
         self._window_start = self._opened = self._mark = now
-        self._rows, self._groups, self._starts, self._due = 0, 0, 0, False
+        self._rows, self._groups, self._starts, self._due, self._in_wait = 0, 0, 0, False, 0.0
         self.loaders.opened(self._clock())
 
     def _close(self, now: float) -> None:
         assert self._window_start is not None
         rate = self._rows / max(now - self._window_start, 1e-9)
+        self._wait_share = self._in_wait / max(now - self._window_start, 1e-9)
         self._window_start = None
         self.loaders.closed(self._clock(), self.threads, rate)
         self._decide(rate)
@@ -353,6 +347,7 @@ class Tuner:
         if self._phase == "measure":
             self._best, self._leap, self._span = self._at, 0, None
             fill = self.loaders.threads_to_fill(here, self.threads) or 0.0  # (docstring, 2.)
+            fill *= self._wait_share >= WAITED_SHARE  # (not when the consumer sets the pace)
             self._step("up", 1 + sum(here < s < fill for s in self.ladder))
             self._leap = self._at - self._best if self._at > self._best + 1 else 0
         elif self._phase == "up":
