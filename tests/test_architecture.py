@@ -214,6 +214,7 @@ def test_storage_reached_through_its_public_surface(module: str) -> None:
 #: but one another).
 PURE_LOGIC = (
     "arrayfeed._pipeline.tuning",
+    "arrayfeed._pipeline.tuningladder",
     "arrayfeed._pipeline.loadercount",
     "arrayfeed._pipeline.tuningreport",
 )

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._pipeline.tuning import LADDER, WHOLE_PASSES, WINDOW_SECONDS, Tuner
+from arrayfeed._pipeline.loadercount import LoaderCount
+from arrayfeed._pipeline.tuning import WHOLE_PASSES, WINDOW_SECONDS, Tuner
+from arrayfeed._pipeline.tuningladder import LADDER
 
 #: Seconds one reader thread takes per group: with ``n`` threads a group comes every
 #: ``GROUP_SECONDS / n`` (its rows follow from the rate).
@@ -831,4 +833,44 @@ def test_a_loader_count_tried_shares_the_threads_there_were() -> None:
     loaders.drive(rate, 20)
     report = tuner.report()
     assert (report.processes, report.threads, report.settled) == (2, 1, True), report
-    assert (2, 2) not in loaders.seen_threads and (1, 2) in loaders.seen_threads
+    tried = [threads for threads, processes in loaders.seen_threads if processes == 2]
+    assert tried[0] == 1 and (1, 2) in loaders.seen_threads, tried
+    # Kept, the two are then tried with the threads one had each, which do not pay here.
+    assert 2 in tried and tried[-1] == 1
+    assert "2 threads each did not deliver more" in report.why, report.why
+
+
+def test_loaders_whose_threads_wait_each_get_as_many_as_one_had() -> None:
+    """Requests that wait, each signed and parsed under its loader's interpreter lock (object
+    storage): one loader's interpreter caps it at 20 requests' worth, and it settles at more
+    threads than there are cores. A second loader is tried with as many threads as the first
+    had, not half (a share would wait as much, in two interpreters), and doubles the rate."""
+    tuner, clock = loader_tuner(most=2, cores=2)
+    loaders = Loaders(tuner, clock, busy=0.8)
+    loaders.drive(lambda threads, processes: 1e3 * min(threads, 20) * processes, 30)
+    report = tuner.report()
+    one = max(report.rates, key=lambda setting: report.rates[setting])  # one loader's best
+    two = next(threads for threads, processes in loaders.seen_threads if processes == 2)
+    assert (report.processes, report.settled) == (2, True), report
+    assert two == one == report.threads and one > 2, (one, two, report)
+    assert report.process_rates[2] >= 1.9 * report.process_rates[1], report
+    assert report.settled_after is not None
+    # Held from there: nothing tried after it settled.
+    assert loaders.seen_threads[-1] == (report.threads, 2)
+
+
+def test_a_loader_count_that_pays_at_once_is_kept_without_a_second_window() -> None:
+    """A count tried is measured twice, the larger counting, so a first window that pays
+    already decides: the next count is tried at once. One that does not is measured again."""
+    count = LoaderCount(1, 8, budget=65, cores=8)
+    count.begin(1e4)
+    assert count.count == 2
+    assert count.measured(2.1e4, threads=4) is None  # paid: kept, 3 tried next
+    assert (count.count, count.best_rate, count.rates[2]) == (3, 2.1e4, 2.1e4)
+    assert count.measured(2.0e4, threads=4) is None  # did not: measured again
+    assert count.count == 3
+    assert count.measured(2.6e4, threads=4) is None  # the larger of the two pays
+    assert (count.count, count.rates[3]) == (4, 2.6e4)
+    assert count.measured(2.5e4, threads=4) is None
+    why = count.measured(2.4e4, threads=4)
+    assert why == "4 loader processes did not deliver more" and count.count == 3, why

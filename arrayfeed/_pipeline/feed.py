@@ -42,7 +42,8 @@ from .read import Allocator, BufferPool, read_rows
 from .readers import PassAhead, read_pass
 from .resident import Resident, resident_sources
 from .structure import Treedef
-from .tuning import LADDER, Tuner
+from .tuning import Tuner
+from .tuningladder import LADDER
 from .tuningreport import Tuning
 from .waits import wait_per_batch
 

@@ -8,10 +8,11 @@ every core busy. :class:`LoaderCount` judges that from the CPU time the loaders 
 (``cpu``) over each window the tuner measures, and keeps the count that delivered the most,
 one more at a time (:data:`PROCESS_LADDER`), each measured twice once it reads (a new one
 imports the package and opens the dataset, and its first group opens the storage's
-connections), the larger counting, as the threads' best is. The next count is started
+connections), the larger counting, as the threads' best is (a first window that pays
+decides: so would the larger of two). The next count is started
 (:attr:`LoaderCount.spare`), and opens the dataset, as soon as the threads' climb is over and it
 may be tried, so that its start passes while fewer threads are measured. Pure logic, as
-:mod:`.tuning`, which drives it.
+:mod:`.tuningladder`, which drives it.
 """
 
 from __future__ import annotations
@@ -80,10 +81,8 @@ class LoaderCount:
     def threads(self, setting: int) -> int:
         """Threads of each loader for a ``setting``: the setting's threads (those of
         :attr:`base` loaders) shared among the loaders there are, and fewer where every
-        loader's would not fit. A count tried reads with the threads there were, in more
-        interpreters: what it delivers more is theirs (more loaders each with as many threads
-        would also read more at once; a ``map_batch`` looping in Python read 1.14x with two
-        loaders of one thread as with one of two, less with two of three)."""
+        loader's would not fit (a count tried with as many threads each as one had is a
+        setting as many times higher: see :mod:`.tuningladder`)."""
         share = -(-setting * self.base // max(1, self.count))
         return max(1, min(share, self.budget // max(1, self.count) - 1))
 
@@ -164,10 +163,10 @@ class LoaderCount:
     def measured(self, rate: float, threads: int) -> str | None:
         """A window of the count tried delivered ``rate``: None while it goes on (measured
         again, or one more loader tried), else why it ends (back to the best, then)."""
-        if self.first is None:  # measured twice, the larger counting
-            self.first = rate
+        if self.first is None and rate <= self.best_rate * self.gain:  # measured twice, the
+            self.first = rate  # larger counting (one that pays is kept at once: so would it be)
             return None
-        rate, self.first = max(rate, self.first), None
+        rate, self.first = max(rate, self.first or 0.0), None
         count = self.count
         self.rates[count] = rate
         if rate <= self.best_rate * self.gain:

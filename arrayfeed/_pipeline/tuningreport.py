@@ -14,6 +14,7 @@ DOING = {
     "again": "measuring the best so far again",
     "down": "trying fewer threads",
     "processes": "trying more loader processes",
+    "each": "trying more threads in each loader process",
 }
 
 
