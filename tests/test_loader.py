@@ -223,6 +223,16 @@ def test_an_exception_while_reading_is_raised_here_with_its_type_and_message(
     assert "in the loader process" in str(raised.value.__cause__)
 
 
+def _no_loaders() -> None:
+    """Wait for the loaders of earlier tests to stop: they linger :data:`LINGER_SECONDS` after
+    their last feed is gone (these tests count the loaders there are)."""
+    gc.collect()
+    deadline = time.monotonic() + LINGER_SECONDS + 10
+    while loaders().pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not loaders().pids(), "loaders of earlier tests still serve their feeds"
+
+
 def test_a_killed_loader_is_a_named_error_and_the_next_epoch_starts_a_new_one(
     files: dict[str, Any],
 ) -> None:
@@ -231,6 +241,7 @@ def test_a_killed_loader_is_a_named_error_and_the_next_epoch_starts_a_new_one(
         return batch
 
     x, y = files["npy"]
+    _no_loaders()
     b = af.batches(x, y, batch_size=10, seed=0, processes=1, map_batch=slow)
     it = iter(b)
     next(it)
@@ -262,6 +273,7 @@ def test_abandoned_iterators_and_datasets_leave_nothing_behind(files: dict[str, 
             next(it)
             del it
 
+    _no_loaders()
     abandon()  # the loader process starts once
     gc.collect()
     before_fds, before_pids = _fds(), loaders().pids()
