@@ -163,11 +163,10 @@ class LoaderCount:
     def measured(self, rate: float, threads: int) -> str | None:
         """A window of the count tried delivered ``rate``: None while it goes on (measured
         again, or one more loader tried), else why it ends (back to the best, then)."""
-        if self.first is None and rate <= self.best_rate * self.gain:  # measured twice, the
-            self.first = rate  # larger counting (one that pays is kept at once: so would it be)
+        judged = self.judged(rate)
+        if judged is None:
             return None
-        rate, self.first = max(rate, self.first or 0.0), None
-        count = self.count
+        rate, count = judged, self.count
         self.rates[count] = rate
         if rate <= self.best_rate * self.gain:
             self.at = self.best
@@ -178,6 +177,16 @@ class LoaderCount:
             self.add()
             return None
         return f"{count} loader processes: {why_not}"
+
+    def judged(self, rate: float) -> float | None:
+        """A window of a trial (a count, or more threads each) delivered ``rate``: None while
+        it is measured again, else what it delivered, the larger of its two windows (one that
+        pays :attr:`gain` over the best decides at once: so would the larger of two)."""
+        if self.first is None and rate <= self.best_rate * self.gain:
+            self.first = rate
+            return None
+        rate, self.first = max(rate, self.first or 0.0), None
+        return rate
 
     def back(self) -> None:
         """Back to the best count (a tuner that holds while one is tried)."""

@@ -88,7 +88,6 @@ class Ladder:
         self._why = "fixed by num_threads" if fixed else "tuning"
         self._thread_reason = ""
         self._why_each = ""  # see _each
-        self._each_first: float | None = None
         self._settled_after: float | None = None
         #: Settings in the order they were used (for tests and reports).
         self.history = [self.threads]
@@ -251,13 +250,12 @@ class Ladder:
             up = self._up(2 if self._phase == "each" else loaders.count // loaders.base)
             if up is None:
                 return self._loaders_settle(why)
-            self._phase, self._why_each, self._each_first = "each", why, None
+            self._phase, self._why_each = "each", why
             return self._move(up)
-        if self._each_first is None and rate <= loaders.best_rate * GAIN:  # (one that pays is
-            self._each_first = rate  # kept at once: the larger of two would pay too)
+        rate = loaders.judged(rate)
+        if rate is None:  # measured again
             return None
-        rate = max(rate, self._each_first or 0.0)
-        if rate > loaders.best_rate * GAIN:
+        if rate > loaders.best_rate * loaders.gain:
             loaders.best_rate = loaders.rates[loaders.count] = rate
             self._best = self._at
             return self._each(f"{why}; {threads} threads each delivered {rate:,.0f}")
@@ -286,9 +284,9 @@ class Ladder:
     def _hold(self, passes: int) -> None:
         """Hold the setting: the last ``passes`` were read ahead of the consumer (see
         :meth:`~.tuning.Tuner.pass_started`)."""
-        if self._phase == "processes":  # loaders starting or measured: back to those before
+        if self._phase in ("processes", "each"):  # a trial under way: back to what was kept
             self.loaders.back()
-        self._at = self._best if self._phase in ("processes", "each") else self._at
+            self._at = self._best
         self.loaders.spare = 0
         self._best, self._phase, self._drifting, self._held = self._at, "settled", 0, True
         self._chosen = self._rates.get(self.ladder[self._at])
