@@ -842,14 +842,15 @@ def test_a_loader_count_tried_shares_the_threads_there_were() -> None:
 
 def test_loaders_whose_threads_wait_each_get_as_many_as_one_had() -> None:
     """Requests that wait, each signed and parsed under its loader's interpreter lock (object
-    storage): one loader's interpreter caps it at 20 requests' worth, and it settles at more
+    storage): one loader's interpreter caps it at 10 requests' worth, and it climbs to more
     threads than there are cores. A second loader is tried with as many threads as the first
     had, not half (a share would wait as much, in two interpreters), and doubles the rate."""
     tuner, clock = loader_tuner(most=2, cores=2)
     loaders = Loaders(tuner, clock, busy=0.8)
-    loaders.drive(lambda threads, processes: 1e3 * min(threads, 20) * processes, 30)
+    loaders.drive(lambda threads, processes: 1e3 * min(threads, 10) * processes, 30)
     report = tuner.report()
-    one = max(report.rates, key=lambda setting: report.rates[setting])  # one loader's best
+    most = max(report.rates.values())  # one loader's best: the fewest threads that deliver it
+    one = min(setting for setting, rate in report.rates.items() if rate >= 0.99 * most)
     two = next(threads for threads, processes in loaders.seen_threads if processes == 2)
     assert (report.processes, report.settled) == (2, True), report
     assert two == one == report.threads and one > 2, (one, two, report)

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["PROCESS_BUSY", "PROCESS_LADDER", "PROCESS_ROOM", "LoaderCount"]
+__all__ = [
+    "PROCESS_BUSY",
+    "PROCESS_BUSY_WAITING",
+    "PROCESS_LADDER",
+    "PROCESS_ROOM",
+    "LoaderCount",
+]
 
 #: Loader process counts tried, in order (those up to a feed's most), once the threads are tuned.
 PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -31,6 +37,8 @@ PROCESS_LADDER = (1, 2, 3, 4, 6, 8, 12, 16)
 #: cores left (2 cores: a ``map_batch`` looping in Python used 1.5 in one loader, and two read
 #: 1.2-1.7x as much).
 PROCESS_BUSY = 0.7
+#: ... or this share, when their threads wait (see :meth:`LoaderCount.why_not_more`).
+PROCESS_BUSY_WAITING = 0.4
 PROCESS_ROOM = 0.4
 
 
@@ -110,10 +118,16 @@ class LoaderCount:
                 best, best_rate = share, rate
             self.busy[key] = (best, best_rate, min(least, share))
 
-    def why_not_more(self, threads: int) -> str | None:
+    def why_not_more(self, threads: int, waiting: bool = False) -> str | None:
         """Why one more loader would not pay after a window read with ``threads`` (None: it
         may): there is none more to try (one per usable core at most), its groups would not
-        fit, or those reading were not busy, or left no core for it (an unknown share tries)."""
+        fit, or those reading were not busy, or left no core for it (an unknown share tries).
+        ``waiting``: the threads wait (many more than the cores delivered much more than the
+        cores' worth did, :meth:`~.tuningladder.Ladder._threads_wait`), and more threads no
+        longer paid; the loaders are busy from :data:`PROCESS_BUSY_WAITING` of a core on:
+        each request's Python runs in turns of one interpreter's lock, which many threads
+        hand to one another (Zarr on S3, 2 cores: one loader of 12-64 threads used 48-88 % of
+        a core from one window to the next, and two loaders read 1.3-1.6x as much)."""
         if self.at + 1 >= len(self.ladder):
             return "as many as there are cores for"
         if self.budget // self.ladder[self.at + 1] - 1 < 1:
@@ -121,7 +135,7 @@ class LoaderCount:
         if (self.count, threads) not in self.busy:
             return None
         share, _, least = self.busy[self.count, threads]
-        if share < PROCESS_BUSY:
+        if share < (PROCESS_BUSY_WAITING if waiting else PROCESS_BUSY):
             return f"each used {share:.0%} of a core: more would wait beside them"
         used = least * max(1, self.count)
         if self.cores is not None and used + PROCESS_ROOM > self.cores:
@@ -143,12 +157,13 @@ class LoaderCount:
         return setting * max(0.0, self.cores - PROCESS_ROOM) / max(used, 1e-3)
 
     # -- the ladder -------------------------------------------------------------------------------
-    def want_spare(self, threads: int) -> None:
+    def want_spare(self, threads: int, waiting: bool = False) -> None:
         """The threads' climb is over at ``threads`` each: the next count is worth starting now
         if it may be tried (a new loader is a new interpreter importing the package and opening
         the dataset, 0.2-0.5 s of a core; started now, that passes while fewer threads are
         measured, not while the count is)."""
-        self.spare = self.ladder[self.at + 1] if self.why_not_more(threads) is None else 0
+        more = self.why_not_more(threads, waiting) is None
+        self.spare = self.ladder[self.at + 1] if more else 0
 
     def begin(self, rate: float) -> None:
         """Try one more loader, the threads having settled at ``rate`` with those there are."""
@@ -160,9 +175,10 @@ class LoaderCount:
         """The next count up: nothing is counted until its loaders read (:attr:`starting`)."""
         self.at, self.first, self.starting = self.at + 1, None, True
 
-    def measured(self, rate: float, threads: int) -> str | None:
+    def measured(self, rate: float, threads: int, waiting: bool = False) -> str | None:
         """A window of the count tried delivered ``rate``: None while it goes on (measured
-        again, or one more loader tried), else why it ends (back to the best, then)."""
+        again, or one more loader tried), else why it ends (back to the best, then);
+        ``waiting``: see :meth:`why_not_more`."""
         judged = self.judged(rate)
         if judged is None:
             return None
@@ -172,7 +188,7 @@ class LoaderCount:
             self.at = self.best
             return f"{count} loader processes did not deliver more"
         self.best, self.best_rate = self.at, rate
-        why_not = self.why_not_more(threads)
+        why_not = self.why_not_more(threads, waiting)
         if why_not is None:
             self.add()
             return None

@@ -27,7 +27,10 @@ settled, one more at a time while those reading are busy and a core is left (:mo
 A count tried reads with the threads there were: shared among the loaders when they were no
 more than the cores (they used the CPU: what more interpreters deliver more is theirs), as many
 in each as one had when they were more (most of them waited: halved, they would wait as much,
-in more interpreters). It counts from when it reads (:meth:`~.tuning.Tuner.processes_ready`),
+in more interpreters). Threads that wait are tried in more loaders as soon as the climb is over,
+before the way down (3.), which follows only if no more loaders are kept
+(:meth:`Ladder._loaders_first`); the next loader is started while the climb goes on. It counts
+from when it reads (:meth:`~.tuning.Tuner.processes_ready`),
 measured twice, the larger counting, and is kept, with its threads, when it delivers
 :data:`GAIN` times the best so far; let go, the threads before come back. Once the count is
 chosen, each of the loaders kept is tried with twice its threads (after a count that shared
@@ -40,7 +43,17 @@ from __future__ import annotations
 
 from .loadercount import LoaderCount
 
-__all__ = ["DRIFT", "DRIFT_WINDOWS", "GAIN", "LADDER", "LEAP", "PROPORTIONAL", "TIE", "Ladder"]
+__all__ = [
+    "DRIFT",
+    "DRIFT_WINDOWS",
+    "GAIN",
+    "LADDER",
+    "LEAP",
+    "PROPORTIONAL",
+    "TIE",
+    "WAIT",
+    "Ladder",
+]
 
 #: Settings tried, in order (those up to a feed's cap).
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -54,6 +67,9 @@ LEAP = 1.3
 #: ... of four rungs when its rate grew by at least this share of what the threads grew: reads
 #: that wait (object storage, a service, dask chunks computed one by one) grow so up to tens.
 PROPORTIONAL = 0.8
+#: Threads beyond the cores that deliver this many times what the cores' worth did mostly wait
+#: (see :meth:`Ladder._threads_wait`).
+WAIT = 2.0
 #: A step down is kept when it still delivers this share of the best rate so far.
 TIE = 0.95
 #: A held setting is tuned again when the rate leaves ``[rate * (1 - DRIFT), rate / (1 - DRIFT)]``
@@ -88,6 +104,10 @@ class Ladder:
         self._why = "fixed by num_threads" if fixed else "tuning"
         self._thread_reason = ""
         self._why_each = ""  # see _each
+        # Loaders tried before the way down (see _loaders_first), and why they were let go.
+        self._down_after = False
+        self._loaders_tried: str | None = None
+        self._waiting = False  # the threads settled at wait (see _threads_wait)
         self._settled_after: float | None = None
         #: Settings in the order they were used (for tests and reports).
         self.history = [self.threads]
@@ -118,12 +138,17 @@ class Ladder:
             self._phase = "measure"
         elif self._phase == "processes":
             kept = self.loaders.best_rate
-            why = self.loaders.measured(rate, self.threads)
+            why = self.loaders.measured(rate, self.threads, self._waiting)
             if self.loaders.best_rate > kept:  # the count tried is kept, with its threads
                 self._best = self._at
             elif why is not None and self._at != self._best:  # let go: the threads before
                 self._move(self._best)
-            if why is not None:
+            if why is None:
+                return
+            down, self._down_after = self._down_after, False
+            if down and self.processes == self.loaders.base:  # none more kept: the way down
+                self._loaders_tried, self._phase = why, "again"  # (see _loaders_first)
+            else:
                 self._each(why)
         elif self._phase == "each":
             self._each(self._why_each, rate)
@@ -140,6 +165,7 @@ class Ladder:
         best = self._rates.get(self.ladder[self._best], 0.0)
         if self._phase == "measure":
             self._best, self._leap, self._span = self._at, 0, None
+            self._down_after, self._loaders_tried = False, None
             fill = self.loaders.threads_to_fill(here, self.threads) or 0.0  # (docstring, 2.)
             fill *= waited  # (see decide)
             self._step("up", 1 + sum(here < s < fill for s in self.ladder))
@@ -171,6 +197,9 @@ class Ladder:
                 self._move(self._at + 1)  # one step further before giving up
             else:
                 self._again()
+            if self._phase == "up" and self._threads_wait():  # more loaders may be tried
+                best = self.ladder[self._best]  # soon (see _loaders_first): start one now
+                self.loaders.want_spare(self.loaders.threads(best), waiting=True)
         elif self._phase == "again":  # the reference of the way down, measured now
             self._rates[here] = max(rate, before)  # (see the module docstring, 3.)
             self._step("down")
@@ -190,22 +219,57 @@ class Ladder:
         own, and what fewer threads deliver is compared with what the best delivers now)."""
         if self._best == 0:
             self._settle(f"{self.ladder[1]} did not deliver more")
+        elif self._loaders_first():
+            self._down_after = True
+            self._settle("more loaders tried before fewer threads")
         elif self._at == self._best:  # measured just now
             self._step("down")
         else:
             self._phase = "again"
-            self.loaders.want_spare(self.loaders.threads(self.ladder[self._best]))
+            if self._loaders_tried is None:
+                threads = self.loaders.threads(self.ladder[self._best])
+                self.loaders.want_spare(threads, self._threads_wait())
             self._move(self._best)
+
+    def _loaders_first(self) -> bool:
+        """Whether the climb's best is to be read by more loaders before the way down: its
+        threads wait (:meth:`_threads_wait`), so more loaders would read with as many each as
+        one had (see :meth:`_settle`), and one more may pay. Fewer threads are then tried only
+        if no more loaders are kept: with them, the way down would be windows spent on a
+        setting about to change, and each loader's threads are tried anew (:meth:`_each`)."""
+        threads = self.loaders.threads(self.ladder[self._best])
+        return (
+            self._loaders_tried is None
+            and self._threads_wait()
+            and self.loaders.why_not_more(threads, waiting=True) is None
+        )
+
+    def _threads_wait(self) -> bool:
+        """Whether the best so far, more threads than the cores, delivered at least
+        :data:`WAIT` times what the best setting of no more threads than the cores did: most of
+        its threads wait (on storage, a service), and more of them in more loaders would too.
+        Less is not evidence enough: a climb can pass the cores on gains of 5 % that a rate
+        rising on its own explains, which the way down then undoes (threads looping in Python
+        under one loader's lock, 2 cores: 8 threads, where 2 deliver as much)."""
+        cores, best = self.loaders.cores, self.ladder[self._best]
+        if cores is None or best <= cores:
+            return False
+        within = [rate for setting, rate in self._rates.items() if setting <= cores]
+        return bool(within) and self._rates[best] >= WAIT * max(within)
 
     def _step(self, direction: str, rungs: int = 1) -> None:
         if direction == "down" and self._phase != "down":
             self._down_from = self.ladder[self._best]  # what fewer threads must still deliver
-            self.loaders.want_spare(self.loaders.threads(self._down_from))  # the climb is over
+            if self._loaders_tried is None:  # the climb is over
+                threads = self.loaders.threads(self._down_from)
+                self.loaders.want_spare(threads, self._threads_wait())
         target = self._best + (rungs if direction == "up" else -1)
         if direction == "up" and target >= len(self.ladder) > self._best + 1:
             target = len(self.ladder) - 1  # a leap past the top: the top
         if not 0 <= target < len(self.ladder):
-            if direction == "up":  # the top: down from there
+            if direction == "up" and self._best:  # the top, measured just now: down from it
+                self._again()
+            elif direction == "up":
                 self._step("down")
             else:
                 self._settle("none fewer to try")
@@ -226,9 +290,12 @@ class Ladder:
         self._settled_after = self._reading_seconds()
         self._why = f"tuned: {rate:,.0f} rows/s, best of those tried ({reason})"
         self._thread_reason = reason
-        why_not = self.loaders.why_not_more(self.threads)
+        self._waiting = self._threads_wait()
+        why_not = self._loaders_tried or self.loaders.why_not_more(self.threads, self._waiting)
         self.loaders.spare = 0
-        if why_not is None:  # one more loader next, with threads as one had when they wait
+        if self._loaders_tried is not None:  # tried before the way down, and let go
+            self._why = self._why[:-1] + f"; {why_not})"
+        elif why_not is None:  # one more loader next, with threads as one had when they wait
             self.loaders.begin(rate)
             self._phase, self._settled_after = "processes", None
             cores = self.loaders.cores
@@ -315,4 +382,5 @@ class Ladder:
             self._why = f"tuning again (the rate moved from {chosen:,.0f} to {rate:,.0f} rows/s)"
             self._rates[self.ladder[self._at]] = rate
             self._best, self._leap, self._span = self._at, 0, None
+            self._down_after, self._loaders_tried = False, None
             self._step("up")
