@@ -137,3 +137,18 @@ def test_loaders_whose_threads_wait_are_busy_from_less_of_a_core() -> None:
     below = new_ladder(processes=1, most=2)  # waiting, but less busy still: storage sets the pace
     feed_busy(below, lambda threads, loaders: 1e3 * min(threads, 10) * loaders, 40, 0.3)
     assert below.processes == 1 and "each used 30% of a core" in below._why, below._why
+
+
+def test_no_more_threads_are_tried_once_the_readers_use_the_cores() -> None:
+    """Readers that keep both cores busy (chunked gzip), in a rate that rises 6 % a window on
+    its own (caches filling): each step up seems to pay, but more threads would find no core
+    to run on, so the climb ends at the first such step, and the way down keeps the fewest."""
+    windows = iter(range(100))
+    rising = new_ladder(processes=1, most=1)
+    feed_busy(rising, lambda threads, loaders: 1e3 * 1.06 ** next(windows), 30, 1.9)
+    assert max(rising.history) == 3, rising.history
+    assert rising.threads <= 3 and rising._phase == "settled", rising.history
+    idle = new_ladder(processes=1, most=1)  # the same rates, the readers using half a core
+    windows = iter(range(100))
+    feed_busy(idle, lambda threads, loaders: 1e3 * 1.06 ** next(windows), 30, 0.5)
+    assert max(idle.history) > 3, idle.history
