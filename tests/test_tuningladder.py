@@ -37,18 +37,19 @@ def test_a_setting_is_chosen_from_the_ladder() -> None:
     assert set(ladder.history) <= set(LADDER) and ladder.threads in (32, 48), ladder.history
 
 
-def test_loaders_whose_threads_wait_are_tried_with_as_many_each_as_one_had() -> None:
-    """Each loader's interpreter caps it at 10 reads' worth: one climbs to 12 threads, past 3,
-    itself more than the cores, so they wait; two are tried with 12 each (not 6: they would
-    wait as much) before any fewer threads, and read twice as much; 24 each do not pay more.
-    The way down is not taken: each loader's threads were tried anew."""
+def test_loaders_whose_threads_wait_are_tried_with_twice_as_many_each_as_one_had() -> None:
+    """Each loader's interpreter caps it at 10 reads' worth: one climbs to 12 threads, which
+    deliver five times what 2 (the cores) did, so they wait; two are tried with 24 each (not 6:
+    they would wait as much; nor 12: the climb ended where one interpreter held it back)
+    before any fewer threads, and read twice as much; 31 each do not pay more. The way down is
+    not taken: each loader's threads were tried anew."""
     ladder = new_ladder(processes=1, most=2)
     feed(ladder, lambda threads, loaders: 1e3 * min(threads, 10) * loaders, 40)
-    assert (ladder.processes, ladder.threads) == (2, 12), ladder.history
-    assert ladder.history == [2, 3, 12, 24, 16, 12, 12, 24, 12], ladder.history
+    assert (ladder.processes, ladder.threads) == (2, 24), ladder.history
+    assert ladder.history == [2, 3, 12, 24, 16, 12, 24, 31, 24], ladder.history
     assert ladder._why.endswith(
         "(more loaders tried before fewer threads; 2 loader processes: as many as there are "
-        "cores for; 24 threads each did not deliver more)"
+        "cores for; 31 threads each did not deliver more)"
     ), ladder._why
     assert ladder.loaders.rates == {1: 10_000, 2: 20_000}
 

@@ -28,7 +28,8 @@ A count tried reads with the threads there were: shared among the loaders when t
 more than the cores (they used the CPU: what more interpreters deliver more is theirs), as many
 in each as one had when they were more (most of them waited: halved, they would wait as much,
 in more interpreters). Threads that wait are tried in more loaders as soon as the climb is over,
-before the way down (3.), which follows only if no more loaders are kept
+with twice as many each as one had, before the way down (3.), which follows only if no more
+loaders are kept
 (:meth:`Ladder._loaders_first`); the next loader is started while the climb goes on. It counts
 from when it reads (:meth:`~.tuning.Tuner.processes_ready`),
 measured twice, the larger counting, and is kept, with its threads, when it delivers
@@ -263,7 +264,10 @@ class Ladder:
     def _threads_wait(self) -> bool:
         """Whether the best so far, more threads than the cores, delivered at least
         :data:`WAIT` times what the best setting of no more threads than the cores did: most of
-        its threads wait (on storage, a service), and more of them in more loaders would too.
+        its threads wait (on storage, a service), and more of them in more loaders would too
+        (a count is then tried with twice as many threads each as one had, or as many as fit:
+        the climb ended where one interpreter's lock held it back, and as many in two gained
+        too little to tell from the windows' noise where the climb stopped low).
         Less is not evidence enough: a climb can pass the cores on gains of 5 % that a rate
         rising on its own explains, which the way down then undoes (threads looping in Python
         under one loader's lock, 2 cores: 8 threads, where 2 deliver as much)."""
@@ -314,8 +318,8 @@ class Ladder:
         elif why_not is None:  # one more loader next, with threads as one had when they wait
             self.loaders.begin(rate)
             self._phase, self._settled_after = "processes", None
-            cores = self.loaders.cores
-            if cores is not None and self.ladder[self._at] > cores and (up := self._up(2)):
+            cores, times = self.loaders.cores, 4 if self._waiting else 2  # (see _threads_wait)
+            if cores is not None and self.ladder[self._at] > cores and (up := self._up(times)):
                 self._move(up)
         elif len(self.process_ladder) > 1:
             loaders = self.processes
