@@ -158,7 +158,7 @@ class Feed:
         # Size groups on the larger of what is read and what is yielded: a map_batch that shrinks
         # rows must not make groups read gigabytes.
         batch_bytes = max(1, self._row_bytes * plan.batch_size)
-        steps = min(MAX_GROUP_STEPS, self._group_bytes() // batch_bytes)
+        steps = min(MAX_GROUP_STEPS, plan.steps, self._group_bytes() // batch_bytes)
         if map_seconds > 0:
             steps = min(steps, int(GROUP_MAP_SECONDS // map_seconds))
         wait_seconds = self._wait_seconds()
@@ -222,7 +222,8 @@ class Feed:
         for chunked gzip HDF5 with windows of ~6 groups)."""
         if not self.plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
             return 0
-        return -(-self.plan.window_rows // (self.group_steps * self.plan.batch_size))
+        window = min(self.plan.window_rows, self.plan.rows_per_epoch)
+        return -(-window // (self.group_steps * self.plan.batch_size))
 
     @property
     def _row_bytes(self) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import select
 import threading
 import time
 import weakref
@@ -36,6 +35,7 @@ from .wire import (
     Registered,
     RemoteTraceback,
     StartEpoch,
+    readable,
 )
 
 if TYPE_CHECKING:
@@ -131,11 +131,17 @@ class RemoteFeed(LoaderCountMixin):
     def _add_slots(self, count: int) -> None:
         first, fds = self.slots.add(count)
         self._fds.update(zip(range(first, first + count), fds, strict=True))
-        retire = self.slots.retire_extra(keeping=range(first, first + count))
+        self._retire_slots(range(first, first + count))
+
+    def _retire_slots(self, added: Sequence[int] = ()) -> None:
+        """Let go of free slots beyond those kept (this feed's share of the budget may have
+        shrunk as other feeds started reading); tell the loaders, with the slots ``added``."""
+        retire = self.slots.retire_extra(keeping=added)
         for slot in retire:
             os.close(self._fds.pop(slot))
-        for link in self._links:
-            self._send_slots(link, range(first, first + count), retire)
+        if added or retire:
+            for link in self._links:
+                self._send_slots(link, added, retire)
 
     def _check_links(self) -> None:
         """Restart dead loaders, and wait until every loader has unpickled the feed (those
@@ -166,7 +172,7 @@ class RemoteFeed(LoaderCountMixin):
             return
         try:
             channels = {link.channel.fileno(): link for link in self._links if link.error is None}
-            ready, _, _ = select.select(list(channels), [], [], POLL_SECONDS)
+            ready = readable(list(channels), POLL_SECONDS)
             for fd in ready:
                 link = channels[fd]
                 try:
@@ -295,7 +301,10 @@ class RemoteFeed(LoaderCountMixin):
         with self._cond:
             self._check_links()
             if not len(self.slots):
-                self._add_slots(self._first_slots)
+                room = self.slots.keep  # (within this feed's share of the budget)
+                self._add_slots(max(1, min(self._first_slots, room)))
+            else:
+                self._retire_slots()
             token = next(self._tokens)
             links = list(self._links)
             for link in links:
@@ -369,13 +378,14 @@ class RemoteFeed(LoaderCountMixin):
         """A slot to read the next group into: None when the pass should first take a group
         that is in flight; a new slot when every one is held (by the consumer, or by the groups
         another pass has not yet taken), or when tuning wants more groups in flight than there
-        are slots."""
+        are slots and the feed's share of the budget holds one more."""
         while True:
             with self._cond:
                 slot = self.slots.take()
                 if slot is not None:
                     return slot
-                if in_flight and len(self.slots) < min(wanted + HELD_GROUPS, self.slots.keep):
+                wants = len(self.slots) < min(wanted + HELD_GROUPS, self.slots.keep)
+                if in_flight and wants and self.slots.fits():
                     self._add_slots(1)
                     continue
                 if in_flight:

@@ -4,6 +4,12 @@
 this process may hold TensorFlow's threads and locks, and a script's ``__main__`` is never run
 again there); :func:`loaders` keeps this process's, started when a feed first needs them, and
 stops each :data:`LINGER_SECONDS` after the last feed it served is gone.
+
+Every loader is started by one thread that lives as long as the process (:func:`start_process`):
+a loader asks Linux to kill it when its parent dies (``PR_SET_PDEATHSIG``), and for Linux the
+parent is the *thread* that forked it. Started from whichever thread first needed one (a
+dataset read in a thread of its own), a loader would die when that thread ended, under every
+other dataset it serves.
 """
 
 from __future__ import annotations
@@ -11,15 +17,20 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import queue
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
+from ..._forks import renew_after_fork
 from .wire import Channel, Hello, PrepareFeed, RegisterFeed
 
-__all__ = ["LINGER_SECONDS", "STOP_SECONDS", "LoaderProcess", "loaders"]
+__all__ = ["LINGER_SECONDS", "STOP_SECONDS", "LoaderProcess", "loaders", "start_process"]
 
 #: Seconds a loader gets to exit by itself before it is terminated.
 STOP_SECONDS = 2.0
@@ -34,16 +45,85 @@ _START = (
 )
 
 
+class _Starter:
+    """The thread that starts every loader of this process (see the module docstring): it lives
+    until the process exits, taking calls from a queue; a forked child makes its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def run(self, call: Callable[[], Any]) -> Any:
+        """``call()``, run in the starter thread; its result, or its exception raised here."""
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid():
+                self._calls, self._pid = queue.SimpleQueue(), os.getpid()
+                self._thread = threading.Thread(
+                    target=self._serve,
+                    args=(self._calls,),
+                    name="arrayfeed-loader-start",
+                    daemon=True,
+                )
+                self._thread.start()
+            calls = self._calls
+        if threading.current_thread() is self._thread:
+            return call()
+        done: Future[Any] = Future()
+        calls.put((call, done))
+        return done.result()
+
+    @staticmethod
+    def _serve(calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+        while True:
+            call, done = calls.get()
+            try:
+                done.set_result(call())
+            except BaseException as exc:
+                done.set_exception(exc)
+            del call, done
+
+
+_STARTER = _Starter()
+
+
+def start_process(args: list[str], pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+    """``args`` started as a process by the thread that lives as long as this process (its
+    parent, for ``PR_SET_PDEATHSIG``), with the descriptors ``pass_fds``."""
+    return _STARTER.run(  # type: ignore[no-any-return]
+        lambda: subprocess.Popen(args, pass_fds=pass_fds, stdin=subprocess.DEVNULL)
+    )
+
+
+#: Descriptors this process may open that starting a loader raises its soft limit to, within
+#: the hard limit: each dataset read through loaders holds a few (its slots, its links), and
+#: the usual soft limit of 1,024 ran out at about 100 datasets.
+DESCRIPTORS = 1 << 16
+
+
+def _raise_descriptor_limit() -> None:
+    """Raise this process's soft limit on open descriptors to :data:`DESCRIPTORS` (within the
+    hard limit), if it is lower."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        wanted = DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, DESCRIPTORS)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 class LoaderProcess:
     """One loader process and the control socket that registers feeds with it."""
 
     def __init__(self) -> None:
+        _raise_descriptor_limit()
         parent, child = socket.socketpair()
         try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-c", _START, str(child.fileno())],
-                pass_fds=[child.fileno()],
-                stdin=subprocess.DEVNULL,
+            self.popen = start_process(
+                [sys.executable, "-c", _START, str(child.fileno())], (child.fileno(),)
             )
         finally:
             child.close()
@@ -95,6 +175,7 @@ class _Loaders:
         # released by its finalizer at any allocation, also one made while this lock is held
         # (in take, on the same thread: a plain lock hung the test suite there).
         self._lock = threading.RLock()
+        renew_after_fork(self, "_lock")  # a fork while another thread takes loaders
         self._processes: list[LoaderProcess] = []
         self._users: dict[int, set[int]] = {}  # pid -> feeds it serves
         self._timers: dict[int, threading.Timer] = {}

@@ -9,6 +9,11 @@ offsets and yields them. A slot is written again only after every view of it is 
 :class:`~arrayfeed._pipeline.read.BufferPool` buffer, it is free when its base array's reference
 count falls back to the pool's own, so batches a user keeps stay intact, and pages once touched
 are reused, never faulted in again.
+
+The slots of every feed of the process share one budget of bytes (:class:`Ledger`,
+:func:`read_ahead_budget`): twelve datasets read at once share what one would read ahead,
+rather than multiply it. A feed makes a slot beyond its share only when it has none in flight
+and every slot it has is held (by its consumer, or by a pass ending): it always makes progress.
 """
 
 from __future__ import annotations
@@ -18,16 +23,112 @@ import math
 import mmap
 import os
 import sys
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ..._forks import renew_after_fork
+from ..machine import usable_cores, usable_memory
 from ..read import ALIGNMENT
 from .wire import Descriptor
 
-__all__ = ["Area", "SlotState", "Slots", "area_bytes", "shared_memory", "view"]
+__all__ = [
+    "BUDGET_ENV",
+    "LEDGER",
+    "Area",
+    "Ledger",
+    "SlotState",
+    "Slots",
+    "area_bytes",
+    "read_ahead_budget",
+    "shared_memory",
+    "view",
+]
+
+#: The environment variable that sets :func:`read_ahead_budget` in bytes.
+BUDGET_ENV = "ARRAYFEED_READ_AHEAD_BYTES"
+#: Bytes of slots the budget allows per usable core, and at least in all.
+BUDGET_PER_CORE = 64 << 20
+BUDGET_LEAST = 256 << 20
+
+
+def read_ahead_budget() -> int:
+    """Bytes of shared memory the slots of all feeds of this process hold together:
+    ``$ARRAYFEED_READ_AHEAD_BYTES`` if set, else 64 MiB per usable core, at most a sixteenth of
+    the memory this process may use, and at least 256 MiB."""
+    given = os.environ.get(BUDGET_ENV, "").strip()
+    if given.isdigit():
+        return int(given)
+    budget = BUDGET_PER_CORE * usable_cores()
+    memory = usable_memory()
+    if memory is not None:
+        budget = min(budget, memory // 16)
+    return max(BUDGET_LEAST, budget)
+
+
+class Ledger:
+    """The bytes of slots each feed of this process holds, within one :attr:`budget` shared
+    equally by the feeds there are (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        renew_after_fork(self, "_lock")
+        self._held: dict[int, int] = {}  # owner -> bytes, for every owner there is
+        self._budget: int | None = None
+        #: The most bytes held at once, by all owners together.
+        self.peak = 0
+
+    @property
+    def budget(self) -> int:
+        if self._budget is None:
+            self._budget = read_ahead_budget()
+        return self._budget
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return sum(self._held.values())
+
+    def join(self, owner: int) -> None:
+        """``owner`` (a feed's slots) shares the budget from now on, holding nothing yet."""
+        with self._lock:
+            self._held.setdefault(owner, 0)
+
+    def forget(self, owner: int) -> None:
+        """``owner`` is gone: it holds nothing and shares nothing any more."""
+        with self._lock:
+            self._held.pop(owner, None)
+
+    def share(self, owner: int) -> int:
+        """Bytes ``owner`` may hold: the budget shared among the owners there are."""
+        with self._lock:
+            owners = len(self._held.keys() | {owner})
+        return self.budget // owners
+
+    def fits(self, owner: int, size: int) -> bool:
+        """Whether ``owner`` may make one more slot of ``size`` bytes within its share."""
+        share = self.share(owner)
+        with self._lock:
+            mine, total = self._held.get(owner, 0), sum(self._held.values())
+        return mine + size <= share and total + size <= self.budget
+
+    def add(self, owner: int, size: int) -> None:
+        with self._lock:
+            self._held[owner] = self._held.get(owner, 0) + size
+            self.peak = max(self.peak, sum(self._held.values()))
+
+    def remove(self, owner: int, size: int) -> None:
+        with self._lock:
+            if owner in self._held:
+                self._held[owner] = max(0, self._held[owner] - size)
+
+
+#: The slots of this process's feeds.
+LEDGER = Ledger()
 
 
 def _align(n: int) -> int:
@@ -95,11 +196,15 @@ class SlotState(enum.Enum):
 
 
 class Slots:
-    """The training process's slots of one feed: ``keep`` of them kept, more made when every
-    slot is taken (a consumer holding many groups), and retired once free again."""
+    """The training process's slots of one feed: ``keep`` of them kept (fewer when its share of
+    the :class:`Ledger` holds fewer), more made when every slot is taken (a consumer holding
+    many groups), and retired once free again."""
 
-    def __init__(self, size: int, keep: int) -> None:
-        self.size, self.keep = size, keep
+    def __init__(self, size: int, keep: int, ledger: Ledger = LEDGER) -> None:
+        self.size, self._keep, self.ledger = size, keep, ledger
+        self.owner = id(self)
+        ledger.join(self.owner)
+        weakref.finalize(self, ledger.forget, self.owner)
         self._bases: dict[int, npt.NDArray[np.uint8]] = {}
         self.state: dict[int, SlotState] = {}
         self._next_index = 0
@@ -112,6 +217,16 @@ class Slots:
     def __len__(self) -> int:
         return len(self._bases)
 
+    @property
+    def keep(self) -> int:
+        """Slots kept: as many as asked, within this feed's share of the budget (one at least)."""
+        return max(1, min(self._keep, self.ledger.share(self.owner) // self.size))
+
+    def fits(self) -> bool:
+        """Whether one more slot fits in this feed's share of the budget (its first always
+        does: a feed must read)."""
+        return not self._bases or self.ledger.fits(self.owner, self.size)
+
     def add(self, count: int) -> tuple[int, list[int]]:
         """Make ``count`` new slots: ``(index of the first, their descriptors)``; the caller
         sends the descriptors to the loaders and closes them."""
@@ -122,6 +237,7 @@ class Slots:
             fds.append(fd)
             self._bases[i] = mapped(fd, self.size)
             self.state[i] = SlotState.FREE
+            self.ledger.add(self.owner, self.size)
         self._next_index += count
         self.made += count
         return first, fds
@@ -162,9 +278,11 @@ class Slots:
         gone = tuple(i for i in extra if self.state[i] is SlotState.FREE)
         for i in gone:
             del self._bases[i], self.state[i]
+            self.ledger.remove(self.owner, self.size)
         return gone
 
     def close(self) -> None:
         """Forget every slot (views still alive keep their memory mapped)."""
+        self.ledger.remove(self.owner, self.size * len(self._bases))
         self._bases.clear()
         self.state.clear()

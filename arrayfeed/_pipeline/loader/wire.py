@@ -37,7 +37,20 @@ __all__ = [
     "Registered",
     "RemoteTraceback",
     "StartEpoch",
+    "readable",
 ]
+
+
+def readable(fds: Sequence[int], timeout: float | None) -> list[int]:
+    """Those of ``fds`` that can be read now (waiting up to ``timeout`` seconds). ``poll``, not
+    ``select``: a process reading many datasets has descriptors numbered beyond ``select``'s
+    1,024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    wait = None if timeout is None else max(0, int(timeout * 1000))
+    return [fd for fd, _ in poller.poll(wait)]
+
 
 #: An array in a slot: its byte offset, shape and ``dtype.str``.
 Descriptor = tuple[int, tuple[int, ...], str]
@@ -230,8 +243,7 @@ class Channel:
 
     def ready(self, timeout: float | None) -> bool:
         """Whether a message can be read now (waiting up to ``timeout`` seconds)."""
-        readable, _, _ = select.select([self.sock], [], [], timeout)
-        return bool(readable)
+        return bool(readable([self.sock.fileno()], timeout))
 
     def recv(self) -> tuple[Any, list[int]]:
         """The next message and the descriptors sent with it; :class:`EOFError` when the other
