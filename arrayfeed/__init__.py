@@ -9,6 +9,7 @@ or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch.
 
 from typing import TYPE_CHECKING, Any
 
+from ._bench import BenchReport, bench
 from ._conversion.convert import convert
 from ._conversion.inspect import InspectReport, inspect
 from ._conversion.verify import VerifyReport, verify
@@ -26,10 +27,9 @@ from ._errors import (
     SourceUnavailableError,
     StructureError,
 )
-from ._pipeline.batches import Batches, batches, tuning
-from ._pipeline.bench import BenchReport, bench
-from ._pipeline.shard import Shard
-from ._pipeline.tuningreport import Tuning
+from ._pipeline.api.batches import Batches, batches, tuning
+from ._pipeline.plan.shard import Shard
+from ._pipeline.tune.tuningreport import Tuning
 from ._storage import (
     Chunked,
     ConversionRecord,
@@ -41,24 +41,24 @@ from ._storage import (
 from ._version import __version__
 
 if TYPE_CHECKING:
-    from ._pipeline.dataset import from_arrays
-    from ._pipeline.distribute import distribute, distributed_steps
-    from ._pipeline.keras import ResumeCallback
+    from ._pipeline.api.dataset import from_arrays
+    from ._pipeline.api.distribute import distribute, distributed_steps
+    from ._pipeline.api.keras import ResumeCallback
 
 
 def __getattr__(name: str) -> Any:
     # TensorFlow is imported on first use of `from_arrays` (or `distribute`), so that the CLI,
     # conversion and `batches` (which do not need it) start fast and run without it.
     if name == "from_arrays":
-        from ._pipeline.dataset import from_arrays
+        from ._pipeline.api.dataset import from_arrays
 
         return from_arrays
     if name in ("distribute", "distributed_steps"):
-        from ._pipeline import distribute as _distribute
+        from ._pipeline.api import distribute as _distribute
 
         return getattr(_distribute, name)
     if name == "ResumeCallback":
-        from ._pipeline.keras import ResumeCallback
+        from ._pipeline.api.keras import ResumeCallback
 
         return ResumeCallback
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")

@@ -246,7 +246,7 @@ def _add_bench(subparsers: SubParsers) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from ._pipeline.bench import bench
+    from ._bench import bench
 
     options = parse_storage_options(args.storage_options)
     report = bench(

@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scaling as bs  # the data and the feed, as the sweep builds them
 
-from arrayfeed._pipeline.tuning import Tuner
+from arrayfeed._pipeline.tune.tuning import Tuner
 
 
 def run(data: bs.Data, key: str, variant: str, seconds: float) -> dict[str, Any]:

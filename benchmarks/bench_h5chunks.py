@@ -2,7 +2,7 @@
 
 Writes L rows (uint8[64, 64, 3] images and int32 labels) to HDF5 files with h5py's automatic
 chunks (``chunks=True``), compressed with lzf and with shuffle+gzip, then reads one epoch with
-``shuffle="block"`` through :class:`arrayfeed._pipeline.feed.Feed` (no TensorFlow) with 1 and 2
+``shuffle="block"`` through :class:`arrayfeed._pipeline.read.feed.Feed` (no TensorFlow) with 1 and 2
 reader threads: once through h5py's own reads (``before``: every HDF5 call under h5py's lock)
 and once through raw chunks decoded outside it (``after``). Cases run interleaved, ``--reps``
 times each; the table shows median rows/s and the ratios.
@@ -30,9 +30,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.plan import Plan, block_layout
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.plan.plan import Plan, block_layout
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.read.structure import flatten
 from arrayfeed._storage import Source, chunked_rows, row_bytes
 from arrayfeed._storage.hdf5.source import H5Source, open_hdf5
 

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scaling as bs  # the data and the feed, as the scaling benchmark has them
 
-from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.plan.plan import Plan
 
 INTERVALS = (0.005, 0.001)  # switch intervals (s): a hand-off costs about one
 

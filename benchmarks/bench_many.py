@@ -37,7 +37,7 @@ import numpy as np
 import arrayfeed as af
 from arrayfeed._pipeline.loader.processes import loaders
 from arrayfeed._pipeline.loader.slots import LEDGER
-from arrayfeed._pipeline.machine import usable_cores
+from arrayfeed._pipeline.tune.machine import usable_cores
 
 
 def write(root: Path, rows: int, row_bytes: int) -> dict[str, tuple[str, str]]:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from arrayfeed._pipeline.permutation import derive_key, permute
-from arrayfeed._pipeline.plan import Plan, block_layout
+from arrayfeed._pipeline.plan.permutation import derive_key, permute
+from arrayfeed._pipeline.plan.plan import Plan, block_layout
 
 BATCH = 256
 CLASSES = 10

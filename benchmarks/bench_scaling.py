@@ -76,9 +76,9 @@ import numpy as np
 import zarr
 
 import arrayfeed as af
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.plan import Plan, block_layout
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.plan.plan import Plan, block_layout
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.read.structure import flatten
 from arrayfeed._storage import as_source, chunked_rows, row_bytes
 
 BATCH = 256
@@ -938,7 +938,7 @@ def machine(tf: Any) -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    from arrayfeed._pipeline.machine import usable_cores, usable_memory
+    from arrayfeed._pipeline.tune.machine import usable_cores, usable_memory
 
     return {
         "cores": os.cpu_count(),

@@ -11,10 +11,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from arrayfeed._pipeline.build import build_feed
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.options import FeedArgs
-from arrayfeed._pipeline.tuning import Tuner
+from arrayfeed._pipeline.api.build import build_feed
+from arrayfeed._pipeline.api.options import FeedArgs
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.tune.tuning import Tuner
 
 
 def h5_feed(

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 import arrayfeed
-from arrayfeed._pipeline.feed import Feed
+from arrayfeed._pipeline.read.feed import Feed
 
 
 def read_in_child(feed: Feed, epoch: int, indices: np.ndarray) -> dict[str, Any]:

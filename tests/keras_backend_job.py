@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 import arrayfeed as af
-from arrayfeed._pipeline import dataset as af_dataset
+from arrayfeed._pipeline.api import dataset as af_dataset
 
 N, BATCH, EPOCHS, SEED = 60, 8, 3, 5  # 8 steps per epoch, the last one short
 #: Where the training datasets are read: "loader" (a loader process), else this process.

@@ -9,7 +9,12 @@
   format) is a format family that registers exactly one backend, and each has test modules of
   its own (``tests/test_<family>*.py``);
 - the tuner is pure logic (the standard library only);
-- no import cycles between arrayfeed's modules, and no module over 500 lines.
+- ``arrayfeed._pipeline`` is in rooms by stage, each importing only the rooms below it: the
+  entry points (``api``) over the loader processes (``loader``) over reading (``read``) over
+  planning the epoch (``plan``) and tuning (``tune``), which import neither each other nor
+  anything above;
+- no import cycles between arrayfeed's modules (imports made only for type checking count),
+  and no module over 500 lines.
 """
 
 from __future__ import annotations
@@ -27,9 +32,9 @@ STORAGE = PACKAGE / "_storage"
 NOT_FORMATS = {"remote"}
 STORAGE_ONLY = {"h5py", "zarr", "numcodecs", "fsspec", "s3fs", "gcsfs", "adlfs", "aiohttp"}
 TF_MODULES = {
-    "arrayfeed._pipeline.dataset",
-    "arrayfeed._pipeline.keras",
-    "arrayfeed._pipeline.distribute",
+    "arrayfeed._pipeline.api.dataset",
+    "arrayfeed._pipeline.api.keras",
+    "arrayfeed._pipeline.api.distribute",
 }
 CONCRETE_SOURCES = {
     "ArraySource",
@@ -64,25 +69,13 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(module: str) -> Iterator[tuple[str, list[str], int]]:
-    """``(imported module, names, line)`` of every run-time import in ``module``."""
+    """``(imported module, names, line)`` of every import in ``module``, those made only for
+    type checking included (a cycle through them is a cycle of concepts all the same)."""
     path = MODULES[module]
     tree = ast.parse(path.read_text())
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            skip.update(id(n) for child in node.body for n in ast.walk(child))
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in ast.walk(tree):  # (imports for type checking too: they are dependencies)
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, [], node.lineno
@@ -213,10 +206,10 @@ def test_storage_reached_through_its_public_surface(module: str) -> None:
 #: Modules of pure logic: the standard library only (no I/O libraries, no NumPy, no arrayfeed
 #: but one another).
 PURE_LOGIC = (
-    "arrayfeed._pipeline.tuning",
-    "arrayfeed._pipeline.tuningladder",
-    "arrayfeed._pipeline.loadercount",
-    "arrayfeed._pipeline.tuningreport",
+    "arrayfeed._pipeline.tune.tuning",
+    "arrayfeed._pipeline.tune.tuningladder",
+    "arrayfeed._pipeline.tune.loadercount",
+    "arrayfeed._pipeline.tune.tuningreport",
 )
 
 
@@ -264,6 +257,39 @@ def test_no_import_cycles() -> None:
             visit(module)
 
 
+#: The rooms of ``arrayfeed._pipeline``, by floor: a room imports only rooms on lower floors.
+ROOMS = {"api": 3, "loader": 2, "read": 1, "plan": 0, "tune": 0}
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["arrayfeed", "_pipeline"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def test_the_pipeline_is_in_rooms() -> None:
+    rooms = {r for m in MODULES if (r := _room(m)) is not None}
+    assert rooms == set(ROOMS), rooms
+    assert not [
+        m
+        for m in MODULES
+        if m.count(".") == 2 and _room(m) and m not in (f"arrayfeed._pipeline.{r}" for r in ROOMS)
+    ], "every module of _pipeline is in a room"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _room(m)))
+def test_a_room_imports_only_the_rooms_below_it(module: str) -> None:
+    here = _room(module)
+    assert here is not None
+    for target, names, line in _imports(module):
+        for dep in _resolve(target, names):
+            there = _room(dep)
+            if there is None or there == here:
+                continue
+            assert ROOMS[there] < ROOMS[here], f"{module}:{line} imports {dep} ({there}/)"
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_modules_stay_small(module: str) -> None:
     lines = len(MODULES[module].read_text().splitlines())
@@ -272,7 +298,7 @@ def test_modules_stay_small(module: str) -> None:
 
 def test_the_rules_see_a_violation(tmp_path: Path) -> None:
     """The checks above parse imports correctly: relative imports resolve to real modules."""
-    deps = {dep for t, n, _ in _imports("arrayfeed._pipeline.build") for dep in _resolve(t, n)}
-    assert {"arrayfeed._storage", "arrayfeed._pipeline.plan", "arrayfeed._errors"} <= deps
+    deps = {dep for t, n, _ in _imports("arrayfeed._pipeline.api.build") for dep in _resolve(t, n)}
+    assert {"arrayfeed._storage", "arrayfeed._pipeline.plan.plan", "arrayfeed._errors"} <= deps
     deps = {t for t, _, _ in _imports("arrayfeed._storage.hdf5.source")}
     assert "h5py" in deps

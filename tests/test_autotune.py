@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.blocks import WindowCache
 from arrayfeed._pipeline.loader.wire import Loaded
-from arrayfeed._pipeline.machine import usable_cores
-from arrayfeed._pipeline.tuning import Tuner
+from arrayfeed._pipeline.read.blocks import WindowCache
+from arrayfeed._pipeline.tune.machine import usable_cores
+from arrayfeed._pipeline.tune.tuning import Tuner
 
 from ._feeds import force_retuning, image_files
 
@@ -55,8 +55,8 @@ def test_retuning_on_every_request_never_changes_the_stream(
     store: str,
     kwargs: dict[str, Any],
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 8 << 10)  # many groups
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 8 << 10)  # many groups
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 8 << 10)
     x, y = files[store]
     b = af.batches(x, y, batch_size=32, processes=processes, **kwargs)
     assert b._feed.group_steps < b._feed.plan.steps // 4
@@ -158,8 +158,8 @@ def test_the_next_window_is_decoded_ahead_only_beside_another_read(
     """A block shuffle decodes the next window ahead when the setting of the moment reads more
     than one group at once; at one, decoding it would hold back this window's groups, so it is
     only announced (object storage starts fetching it), whatever setting the pass began with."""
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 8 << 10)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 8 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 8 << 10)
     calls: list[bool] = []
     prefetch = WindowCache.prefetch_window
 
@@ -246,7 +246,7 @@ def _read_for(b: af.Batches, seconds: float, pause: float = 0.0) -> None:
 
 @pytest.mark.slow
 def test_reads_that_wait_get_more_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 * 32 * 16)  # 4 batches
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 4 * 32 * 16)  # 4 batches
     x = np.arange(50_000 * 4, dtype=np.float32).reshape(-1, 4)
     b = af.batches(SlowRows(x), batch_size=32, seed=0)
     start = b.tuning.threads
@@ -262,8 +262,8 @@ def test_reads_that_wait_get_more_threads(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_consumer_that_sets_the_pace_gets_fewer_threads(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 16 << 10)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 16 << 10)
     x = np.arange(40_000 * 4, dtype=np.float32).reshape(-1, 4)
     b = af.batches(x, batch_size=64, seed=0, processes=0)
     start = b.tuning.threads

@@ -16,8 +16,8 @@ import pytest
 import tensorflow as tf
 
 import arrayfeed as af
-from arrayfeed._pipeline.plan import shard_bounds
-from arrayfeed._pipeline.shard import ENV_VARIABLES
+from arrayfeed._pipeline.plan.plan import shard_bounds
+from arrayfeed._pipeline.plan.shard import ENV_VARIABLES
 
 from .conftest import subprocess_env
 
@@ -112,10 +112,10 @@ def test_stream_equals_from_arrays_bit_for_bit(
     config: str, stacked: bool, write: Write, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small blocks and windows, so that "block" really orders blocks of the Zarr / HDF5 chunks.
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.WINDOW_BYTES", 2048)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.WINDOW_BYTES", 2048)
     if not stacked:  # every batch exceeds a group: batches come one per feed element
-        monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
+        monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)
     kwargs = CONFIGS[config]
     x, y, w = _data(write, ("zarr", "hdf5", "npy_path"))
     ds = af.from_arrays(x, y, w, **kwargs)
@@ -279,7 +279,7 @@ def test_errors_are_those_of_from_arrays() -> None:
 
 
 def test_errors_while_reading_are_raised_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)  # one batch per group
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)  # one batch per group
 
     def fail_on_row_50(batch: np.ndarray) -> np.ndarray:
         if 50 in batch:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.bench import BenchReport, _advise, arrays_at
+from arrayfeed._bench import BenchReport, _advise, arrays_at
 from arrayfeed._storage.npy.memory import ArraySource
 
 
@@ -33,8 +33,8 @@ def test_bench_reads_epoch_after_epoch_for_its_seconds(
 ) -> None:
     """An epoch of 20,000 small rows takes milliseconds: timed alone, it would time start-up,
     and the tuner would measure nothing. The bench reads for its seconds, epoch after epoch."""
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 16 << 10)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)  # 20 groups an epoch
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 16 << 10)  # 20 groups an epoch
     np.save(tmp_path / "x.npy", np.arange(20_000 * 4, dtype=np.float32).reshape(-1, 4))
     report = af.bench({"x": str(tmp_path / "x.npy")}, batch_size=64, seconds=2, modes=("full",))
     tuned = report.tuning["full"]

@@ -15,11 +15,11 @@ import tensorflow as tf
 import zarr
 
 import arrayfeed as af
-from arrayfeed._pipeline import blocks
-from arrayfeed._pipeline.blocks import WindowCache
-from arrayfeed._pipeline.plan import Plan
-from arrayfeed._pipeline.resume import feeds_of
-from arrayfeed._pipeline.shuffles import BlockOrder
+from arrayfeed._pipeline.api.resume import feeds_of
+from arrayfeed._pipeline.plan.plan import Plan
+from arrayfeed._pipeline.plan.shuffles import BlockOrder
+from arrayfeed._pipeline.read import blocks
+from arrayfeed._pipeline.read.blocks import WindowCache
 
 
 class CountingChunked:
@@ -144,26 +144,26 @@ def test_a_full_cache_evicts_its_earliest_window() -> None:
 def one_epoch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reads counted per epoch: no epoch's first windows read ahead while the one before ends
     (test_reading_ahead_reads_every_block_once_per_epoch counts those too)."""
-    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+    monkeypatch.setattr("arrayfeed._pipeline.read.readers.FOLLOW_SECONDS", 0.0)
 
 
 @pytest.mark.parametrize("threads, batch", [(2, 32), (4, 8), (3, 50)])
 def test_reading_ahead_reads_every_block_once_per_epoch(
     threads: int, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1)
     monkeypatch.setattr(
-        "arrayfeed._pipeline.shuffles.WINDOW_BYTES", 3 * 64 * 8
+        "arrayfeed._pipeline.plan.shuffles.WINDOW_BYTES", 3 * 64 * 8
     )  # windows of three blocks
     monkeypatch.setattr(
-        "arrayfeed._pipeline.feed.GROUP_BYTES", 2 * batch * 8
+        "arrayfeed._pipeline.read.feed.GROUP_BYTES", 2 * batch * 8
     )  # groups of two batches
     n = 64 * 40 + 17
     src = CountingChunked(np.arange(n), 64)
     blocks = -(-n // 64)
     # A short epoch reads the next one's first windows ahead (counted below): not here.
     with monkeypatch.context() as m:
-        m.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+        m.setattr("arrayfeed._pipeline.read.readers.FOLLOW_SECONDS", 0.0)
         ds = af.from_arrays(src, batch_size=batch, shuffle="block", seed=3, num_threads=threads)
         for _ in range(2):
             src.reads.clear()
@@ -204,9 +204,9 @@ def test_one_thread_serves_a_window_before_reading_the_next(
     """With one reader thread, the groups of a window come before the next window is read: its
     read-ahead would only hold them back (on 16 cores, one thread delivered 2 groups in 3 s)."""
     # blocks of one chunk, windows of three blocks, groups of two batches
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.WINDOW_BYTES", 3 * 64 * 8)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * 8 * 8)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.WINDOW_BYTES", 3 * 64 * 8)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 2 * 8 * 8)
     n = 64 * 12
     src = (Fetching if prefetching else CountingChunked)(np.arange(n), 64)
     b = af.batches(src, batch_size=8, shuffle="block", seed=3, num_threads=1, shard=None)
@@ -333,7 +333,9 @@ def test_a_thread_waiting_on_a_failed_read_reads_the_block_itself() -> None:
 def test_block_shuffle_reads_every_block_once_per_epoch(
     count: int, monkeypatch: pytest.MonkeyPatch, one_epoch_at_a_time: None
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)  # blocks of one chunk
+    monkeypatch.setattr(
+        "arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1
+    )  # blocks of one chunk
     n, chunk = 1003, 50
     data = np.arange(n)
     per_worker = []

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.build import SHARD_KINDS, build_feed, resolve_shard
-from arrayfeed._pipeline.options import FeedArgs
+from arrayfeed._pipeline.api.build import SHARD_KINDS, build_feed, resolve_shard
+from arrayfeed._pipeline.api.options import FeedArgs
 
 N = 103
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.blocks import WindowCache
-from arrayfeed._pipeline.plan import Plan
-from arrayfeed._pipeline.resident import Resident
+from arrayfeed._pipeline.plan.plan import Plan
+from arrayfeed._pipeline.read.blocks import WindowCache
+from arrayfeed._pipeline.read.resident import Resident
 from arrayfeed._storage import Source
 from arrayfeed._storage.hdf5.source import H5Source
 from arrayfeed.testing import SourceTests

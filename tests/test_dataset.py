@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import arrayfeed as af
-from arrayfeed._pipeline.plan import Plan
+from arrayfeed._pipeline.plan.plan import Plan
 
 from .conftest import BACKENDS, subprocess_env
 
@@ -99,7 +99,7 @@ def test_bool_and_float16_values_exact() -> None:
 def test_large_rows_one_batch_per_generator_call(
     drop: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1 << 20)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1 << 20)
     n = 300  # 128 rows of 12 KiB exceed a 1 MiB group: batches are yielded one at a time
     images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
     ds = af.from_arrays(images, np.arange(n), batch_size=128, seed=5, drop_remainder=drop)
@@ -154,7 +154,7 @@ def test_batches_held_across_epochs_stay_intact() -> None:
 def test_held_batches_stay_intact_while_buffers_are_recycled(
     tmp_path: Path, processes: int
 ) -> None:
-    from arrayfeed._pipeline.resume import feeds_of
+    from arrayfeed._pipeline.api.resume import feeds_of
 
     n = 600  # 6 KB rows: gathered from the map into pooled buffers (or loader slots)
     a = np.random.default_rng(1).integers(0, 255, size=(n, 2048, 3), dtype=np.uint8)

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import arrayfeed as af
 from arrayfeed import ConfigError, Shard
-from arrayfeed._pipeline.shard import ENV_VARIABLES
+from arrayfeed._pipeline.plan.shard import ENV_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

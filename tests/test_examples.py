@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from arrayfeed._pipeline.shard import ENV_VARIABLES
+from arrayfeed._pipeline.plan.shard import ENV_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_VARS = ENV_VARIABLES

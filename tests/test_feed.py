@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.plan import Plan
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.plan.plan import Plan
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.read.structure import flatten
 from arrayfeed._storage import as_source
 from arrayfeed._storage.npy.memory import ArraySource
 
@@ -98,8 +98,8 @@ def test_abandoned_epoch_shuts_its_threads_down() -> None:
 def test_large_batches_are_yielded_one_at_a_time_without_a_group_axis(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1 << 20)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 1 << 20)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1 << 20)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 1 << 20)
     n = 200  # batches of 128 rows of 12 KiB: 1.5 MiB, more than a group
     images = (np.arange(n * 64 * 64 * 3) % 251).astype(np.uint8).reshape(n, 64, 64, 3)
     leaves, treedef = flatten((images, np.arange(n)), lambda v: isinstance(v, np.ndarray))
@@ -130,9 +130,9 @@ def test_groups_of_cheap_reads_are_larger_when_few_threads_read_ahead(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, threads: int, steps: int
 ) -> None:
     # Batches of 4 KiB; groups of at least 16 KiB, at most 64 KiB, and 256 KiB read ahead.
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 16 << 10)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 64 << 10)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.READ_AHEAD_BYTES", 256 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 16 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 64 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.READ_AHEAD_BYTES", 256 << 10)
     rows = np.zeros((2000, 1024), np.uint8)
     _, treedef = flatten(rows, lambda v: isinstance(v, np.ndarray))
     plan = Plan(n_rows=len(rows), batch_size=4, seed=0)
@@ -158,8 +158,8 @@ def test_tuned_threads_may_read_ahead_more_on_many_cores(
     # Groups of 17 batches of 3 MiB (51 MiB: a fifth of the 256 MiB read ahead by default). On
     # 16 cores tuning may read 1 GiB ahead (64 MiB per core): 19 groups and the one requested;
     # not with 4 GiB of memory (a sixteenth of it, 256 MiB, is less).
-    monkeypatch.setattr("arrayfeed._pipeline.feed.usable_cores", lambda: cores)
-    monkeypatch.setattr("arrayfeed._pipeline.feed.usable_memory", lambda: memory_gib << 30)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.usable_cores", lambda: cores)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.usable_memory", lambda: memory_gib << 30)
     rows = np.zeros((40_000, 12_288), np.uint8)  # untouched zero pages
     _, treedef = flatten(rows, lambda v: isinstance(v, np.ndarray))
     plan = Plan(n_rows=len(rows), batch_size=256)
@@ -192,7 +192,7 @@ def test_the_tuner_knows_how_many_groups_a_block_shuffle_decodes_ahead(
         assert full.tuner.ahead == 0
         # Groups of one batch (a slow map_batch, say): no more than the groups in flight at the
         # cap, or a move would leave out whole passes.
-        monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
+        monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)
         tiny = af.batches(f["x"], batch_size=50, shuffle="block", seed=0, processes=0)._feed
         assert tiny.group_steps == 1 and plan.block_rows * plan.window_blocks // 50 > 100
         assert tiny.tuner.ahead == tiny.tuner.cap + 1
@@ -231,7 +231,7 @@ def test_map_batch_is_called_once_per_batch_with_whole_batches(
         return b
 
     # (A short pass maps the next epoch's first batches too, read ahead: not here.)
-    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+    monkeypatch.setattr("arrayfeed._pipeline.read.readers.FOLLOW_SECONDS", 0.0)
     feed = _feed(n=50, batch=8, map_batch=fn)
     sizes.clear()  # drop the probe call
     for _ in range(2):
@@ -269,7 +269,7 @@ def test_map_batch_that_changes_later_is_named() -> None:
 
 
 def test_default_threads_follow_the_cpu_affinity(monkeypatch: pytest.MonkeyPatch) -> None:
-    from arrayfeed._pipeline import feed as feed_module
+    from arrayfeed._pipeline.read import feed as feed_module
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
@@ -313,7 +313,7 @@ def test_a_slow_map_batch_is_mapped_batch_by_batch_on_every_thread(
     assert feed.group_steps == 1
     batches = list(feed.epoch(0))
     assert len(batches) == 12 and peak[0] == 3
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_MAP_SECONDS", 60.0)  # any map is cheap
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_MAP_SECONDS", 60.0)  # any map is cheap
     cheap = Feed(sources, treedef, plan, map_batch=lambda b: b + 1, num_threads=3)
     assert cheap.group_steps == 12  # groups sized by bytes: the whole epoch (a group is no more)
 
@@ -442,7 +442,7 @@ def test_an_error_reading_ahead_is_raised_in_the_epoch_it_belongs_to() -> None:
 
 def test_a_long_pass_reads_no_epoch_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     """Passes longer than FOLLOW_SECONDS end with their threads, holding nothing."""
-    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+    monkeypatch.setattr("arrayfeed._pipeline.read.readers.FOLLOW_SECONDS", 0.0)
     feed = _feed(n=500, batch=8, num_threads=2)
     feed.group_steps = 4
     reads = _record_reads(feed)

@@ -19,7 +19,7 @@ import pytest
 
 import arrayfeed as af
 from arrayfeed import _forks
-from arrayfeed._pipeline.resident import Resident
+from arrayfeed._pipeline.read.resident import Resident
 
 from . import _workers
 

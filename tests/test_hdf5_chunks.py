@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.plan import Plan
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.plan.plan import Plan
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.read.structure import flatten
 from arrayfeed._storage import as_source, workbuffers
 from arrayfeed._storage.hdf5 import rawchunks
 from arrayfeed._storage.hdf5.chunks import ChunkFile

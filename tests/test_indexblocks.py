@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._pipeline import indexblocks
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.indexblocks import EpochIndices
-from arrayfeed._pipeline.plan import Plan
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.plan import indexblocks
+from arrayfeed._pipeline.plan.indexblocks import EpochIndices
+from arrayfeed._pipeline.plan.plan import Plan
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.read.structure import flatten
 from arrayfeed._storage import as_source
 
 

@@ -22,8 +22,8 @@ import tensorflow as tf
 from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
 import arrayfeed as af
-from arrayfeed._pipeline import dataset as af_dataset
-from arrayfeed._pipeline.keras import _numpy_batches_first, serve_numpy_batches
+from arrayfeed._pipeline.api import dataset as af_dataset
+from arrayfeed._pipeline.api.keras import _numpy_batches_first, serve_numpy_batches
 
 N = 100
 

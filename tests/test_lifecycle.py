@@ -18,7 +18,7 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._pipeline.resume import feeds_of
+from arrayfeed._pipeline.api.resume import feeds_of
 
 from . import _workers
 from .conftest import REPO_ROOT
@@ -135,7 +135,7 @@ def test_abandoned_iterators_leak_no_threads_files_or_memory(
 ) -> None:
     # Groups of 4 batches: a whole epoch in one group would be read, and its readers gone, by the
     # time the first batch arrives (groups are prefetched).
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 * 8 * (5 * 16 * 4 + 8))
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 4 * 8 * (5 * 16 * 4 + 8))
     ds = af.from_arrays(
         three_backends, np.arange(2000), batch_size=8, seed=0, num_threads=2, processes=processes
     )

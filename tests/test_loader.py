@@ -26,7 +26,7 @@ import pytest
 
 import arrayfeed as af
 from arrayfeed._pipeline.loader.processes import LINGER_SECONDS, LoaderProcess, loaders
-from arrayfeed._pipeline.tuning import Tuner
+from arrayfeed._pipeline.tune.tuning import Tuner
 
 from ._feeds import image_files
 from .conftest import REPO_ROOT
@@ -679,8 +679,8 @@ def test_the_loader_to_try_next_unpickles_the_feed_before_it_is_tried(
 ) -> None:
     """A loader started ahead opens the feed (its imports, its storage) while it waits to be
     tried, and serves it with what it opened then: the feed is unpickled there once."""
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 8 << 10)  # groups for both
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 8 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 8 << 10)  # groups for both
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 8 << 10)
     x, y = files["npy"]
     noted = tmp_path / "unpickled"
     b, remote, _, got = _opened_ahead(x, y, noted)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline import machine
-from arrayfeed._pipeline.feed import READ_AHEAD_BYTES, tuned_read_ahead
+from arrayfeed._pipeline.read.feed import READ_AHEAD_BYTES, tuned_read_ahead
+from arrayfeed._pipeline.tune import machine
 
 GIB = 1 << 30
 
@@ -225,7 +225,7 @@ def test_a_process_in_a_real_cgroup_sees_its_quotas() -> None:
                 (group / key).write_text(value)
         procs = " ".join(f"echo $$ > {g}/cgroup.procs &&" for g in made)
         code = (
-            "import json; from arrayfeed._pipeline import machine; "
+            "import json; from arrayfeed._pipeline.tune import machine; "
             "print(json.dumps([machine.usable_cores(), machine.usable_memory()]))"
         )
         out = subprocess.run(

@@ -27,7 +27,7 @@ import pytest
 import arrayfeed as af
 from arrayfeed._pipeline.loader.processes import loaders
 from arrayfeed._pipeline.loader.slots import LEDGER
-from arrayfeed._pipeline.machine import usable_cores
+from arrayfeed._pipeline.tune.machine import usable_cores
 
 from ._feeds import image_files
 from .conftest import REPO_ROOT

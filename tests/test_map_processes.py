@@ -184,10 +184,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
 def test_batches_stream_is_the_threads_stream_bit_for_bit(
     config: str, stacked: bool, write: Write, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.MIN_BLOCK_BYTES", 1)
-    monkeypatch.setattr("arrayfeed._pipeline.shuffles.WINDOW_BYTES", 2048)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.WINDOW_BYTES", 2048)
     if not stacked:
-        monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
+        monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)
     kwargs = CONFIGS[config]
     x, y, w = _data(write)
     expected = _epochs(af.batches(x, y, w, **kwargs, processes=0), 3)
@@ -201,7 +201,9 @@ def test_results_held_by_the_caller_are_never_overwritten(
     write: Write, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every slot taken (all batches kept): more slots are made, none is written over."""
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)  # 26 groups: more than slots
+    monkeypatch.setattr(
+        "arrayfeed._pipeline.read.feed.GROUP_BYTES", 1
+    )  # 26 groups: more than slots
     x, y, w = _data(write, ("ndarray", "ndarray", "ndarray"))
     kwargs = {"batch_size": 4, "seed": 1, "map_batch": pair_up, "num_threads": 1}
     reference = af.batches(x, y, w, **kwargs, processes=0)
@@ -227,8 +229,10 @@ def test_from_arrays_stream_is_the_threads_stream_bit_for_bit(shuffle: bool, wri
 def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 2 * 7 * 8)  # groups of 2 batches
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_MAP_SECONDS", 1.0)
+    monkeypatch.setattr(
+        "arrayfeed._pipeline.read.feed.GROUP_BYTES", 2 * 7 * 8
+    )  # groups of 2 batches
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_MAP_SECONDS", 1.0)
     kwargs = {"batch_size": 7, "seed": 8, "map_batch": slow_identity}
     expected = _epochs(af.batches(np.arange(N), **kwargs, processes=0), 2)
     b = af.batches(np.arange(N), **kwargs, map_processes=2)
@@ -326,7 +330,7 @@ def test_a_crashed_loader_is_named_and_replaced(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     (tmp_path / "crash").touch()  # the first loader to see row 50 removes it and crashes
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 1)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)
     crash = functools.partial(exit_at_row_50, marker=str(tmp_path / "crash"))
     b = af.batches(np.arange(N), batch_size=10, shuffle=False, map_batch=crash, map_processes=1)
     with pytest.raises(af.LoaderError, match=r"loader process \(pid \d+\) exited with code 3"):

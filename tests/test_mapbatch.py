@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.mapbatch import Contract, LeafSpec, is_array, probe
+from arrayfeed._pipeline.read.mapbatch import Contract, LeafSpec, is_array, probe
 
 BATCH = {"a": np.arange(8), "b": np.ones((8, 3), np.float32)}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.options import ARGS_MARKER, FeedArgs, check_forwarded, takes_feed_args
+from arrayfeed._pipeline.api.options import ARGS_MARKER, FeedArgs, check_forwarded, takes_feed_args
 
 KNOBS = [
     "batch_size",

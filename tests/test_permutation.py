@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._pipeline.permutation import CHUNK, EXACT_MAX, derive_key, invert, permute
+from arrayfeed._pipeline.plan.permutation import CHUNK, EXACT_MAX, derive_key, invert, permute
 
 # Sizes on both sides of the switch from the exact construction to the Feistel network.
 SIZES = [0, 1, 2, 3, 10, 1000, EXACT_MAX - 1, EXACT_MAX, EXACT_MAX + 1, 3 * EXACT_MAX + 17, 1 << 18]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._pipeline.plan import Plan, shard_bounds
+from arrayfeed._pipeline.plan.plan import Plan, shard_bounds
 
 
 def _epoch(plan: Plan, epoch: int) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arrayfeed._pipeline.read import ALIGNMENT, aligned_empty, read_rows
+from arrayfeed._pipeline.read.rows import ALIGNMENT, aligned_empty, read_rows
 from arrayfeed._storage.npy.memory import ArraySource
 
 
@@ -71,7 +71,7 @@ def test_aligned_empty() -> None:
 
 
 def test_pool_recycles_only_buffers_nothing_references() -> None:
-    from arrayfeed._pipeline.read import BufferPool
+    from arrayfeed._pipeline.read.rows import BufferPool
 
     pool = BufferPool(capacity=4)
     a = pool.empty((1000,), np.dtype(np.float64))
@@ -90,7 +90,7 @@ def test_pool_recycles_only_buffers_nothing_references() -> None:
 
 
 def test_pool_capacity_bounds_what_it_keeps() -> None:
-    from arrayfeed._pipeline.read import BufferPool
+    from arrayfeed._pipeline.read.rows import BufferPool
 
     pool = BufferPool(capacity=2)
     held = [pool.empty((100,), np.dtype(np.uint8)) for _ in range(5)]
@@ -99,7 +99,7 @@ def test_pool_capacity_bounds_what_it_keeps() -> None:
 
 
 def test_pool_byte_cap() -> None:
-    from arrayfeed._pipeline.read import BufferPool
+    from arrayfeed._pipeline.read.rows import BufferPool
 
     pool = BufferPool(capacity=100, max_bytes=10_000)
     held = [pool.empty((4000,), np.dtype(np.uint8)) for _ in range(5)]

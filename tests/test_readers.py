@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from arrayfeed._pipeline.readers import ReaderThreads
+from arrayfeed._pipeline.read.readers import ReaderThreads
 
 
 class Recorder:

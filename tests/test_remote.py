@@ -60,8 +60,8 @@ def test_a_store_behind_latency_streams_the_same_whatever_reads_at_once(
 ) -> None:
     """Zarr on S3 with 20 ms per request (a proxy): the reads at once re-drawn at random on
     every request, here and in a loader, and the stream is that of one thread on local disk."""
-    monkeypatch.setattr("arrayfeed._pipeline.feed.GROUP_BYTES", 4 << 10)  # many groups
-    monkeypatch.setattr("arrayfeed._pipeline.feed.MAX_GROUP_BYTES", 4 << 10)
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 4 << 10)  # many groups
+    monkeypatch.setattr("arrayfeed._pipeline.read.feed.MAX_GROUP_BYTES", 4 << 10)
     local, url = stores
     kwargs: dict[str, Any] = {"batch_size": 32, "shuffle": "block", "seed": 11, "shard": None}
     expected = _all(af.batches(f"{local}:x", f"{local}:y", num_threads=1, processes=0, **kwargs))

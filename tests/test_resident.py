@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline import resident
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.resident import Resident
-from arrayfeed._pipeline.shard import Shard
+from arrayfeed._pipeline.plan.shard import Shard
+from arrayfeed._pipeline.read import resident
+from arrayfeed._pipeline.read.feed import Feed
+from arrayfeed._pipeline.read.resident import Resident
 from arrayfeed._storage import as_source
 
 from ._feeds import h5_feed
@@ -277,7 +277,7 @@ def test_a_zarr_label_leaf_is_read_once_through_its_checksums(
 
     monkeypatch.setattr(ChunkReader, "_read_file", staticmethod(counted))
     # Chunks counted per epoch: no epoch's first windows read ahead while the one before ends.
-    monkeypatch.setattr("arrayfeed._pipeline.readers.FOLLOW_SECONDS", 0.0)
+    monkeypatch.setattr("arrayfeed._pipeline.read.readers.FOLLOW_SECONDS", 0.0)
     stream = stream_of_store()
     reads.clear()  # the first batches, timed when the dataset was built
     labels = stream._feed.readable[1]

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import arrayfeed as af
-from arrayfeed._pipeline.feed import Feed
-from arrayfeed._pipeline.plan import check_position
-from arrayfeed._pipeline.resume import feeds_of
+from arrayfeed._pipeline.api.resume import feeds_of
+from arrayfeed._pipeline.plan.plan import check_position
+from arrayfeed._pipeline.read.feed import Feed
 from arrayfeed._storage.npy.memory import ArraySource
 
 N = 103  # prime: batches and shards never divide evenly

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from arrayfeed import ConfigError, Shard
-from arrayfeed._pipeline.shard import ENV_VARIABLES
+from arrayfeed._pipeline.plan.shard import ENV_VARIABLES
 
 
 def tf_config(cluster: Any, task_type: Any = "worker", index: Any = 0, **extra: Any) -> str:

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._pipeline.permutation import permute
-from arrayfeed._pipeline.plan import Plan
-from arrayfeed._pipeline.shuffles import (
+from arrayfeed._pipeline.plan.permutation import permute
+from arrayfeed._pipeline.plan.plan import Plan
+from arrayfeed._pipeline.plan.shuffles import (
     BLOCK,
     FULL,
     SHUFFLES,
@@ -134,7 +134,7 @@ def test_each_mode_is_pinned(mode: Shuffle, batch_7: list[int], last: list[int])
 
 def _filled(mode: Shuffle, plan: Plan, epoch: int, first: int, count: int) -> np.ndarray:
     out = np.full(count, -1, dtype=np.int64)
-    mode.fill(plan, epoch, first, out)
+    mode.fill(plan.span, epoch, first, out)
     return out
 
 

@@ -12,7 +12,7 @@ import zarr
 
 import arrayfeed as af
 from arrayfeed._dtypes import check_feedable
-from arrayfeed._pipeline.read import read_rows
+from arrayfeed._pipeline.read.rows import read_rows
 from arrayfeed._storage import GatherInto, Source, as_source
 from arrayfeed._storage.npy.files import NpySource
 from arrayfeed._storage.npy.memory import ArraySource
@@ -193,7 +193,7 @@ def test_file_key_paths_work_wherever_a_path_does(tmp_path: Path, suffix: str) -
     assert af.open_array(f"{path}:obs/idx").shape == (20,)
     batch = next(iter(af.batches(f"{path}:X", f"{path}:obs/idx", batch_size=20, shuffle=False)))
     np.testing.assert_array_equal(batch[0], x)
-    from arrayfeed._pipeline.bench import arrays_at
+    from arrayfeed._bench import arrays_at
 
     assert sorted(arrays_at([f"{path}:X"])) == ["X"]
     with pytest.raises(af.SourceNotFoundError, match=r"holds 2 datasets.*:KEY' as a path"):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
-from arrayfeed._pipeline.structure import flatten
+from arrayfeed._pipeline.read.structure import flatten
 
 
 def _is_leaf(v: object) -> bool:

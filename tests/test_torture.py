@@ -26,7 +26,7 @@ import tensorflow as tf
 import zarr
 
 import arrayfeed as af
-from arrayfeed._pipeline.plan import Plan, shard_bounds
+from arrayfeed._pipeline.plan.plan import Plan, shard_bounds
 from arrayfeed._storage.zarr.source import ZarrSource
 
 from .conftest import subprocess_env

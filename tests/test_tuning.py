@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._pipeline.loadercount import LoaderCount
-from arrayfeed._pipeline.tuning import WHOLE_PASSES, WINDOW_SECONDS, Tuner
-from arrayfeed._pipeline.tuningladder import LADDER
+from arrayfeed._pipeline.tune.loadercount import LoaderCount
+from arrayfeed._pipeline.tune.tuning import WHOLE_PASSES, WINDOW_SECONDS, Tuner
+from arrayfeed._pipeline.tune.tuningladder import LADDER
 
 #: Seconds one reader thread takes per group: with ``n`` threads a group comes every
 #: ``GROUP_SECONDS / n`` (its rows follow from the rate).

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from arrayfeed._pipeline.loadercount import LoaderCount
-from arrayfeed._pipeline.tuningladder import GAIN, LADDER, Ladder
+from arrayfeed._pipeline.tune.loadercount import LoaderCount
+from arrayfeed._pipeline.tune.tuningladder import GAIN, LADDER, Ladder
 
 
 def new_ladder(start: int = 2, processes: int = 0, most: int = 0, cores: float = 2) -> Ladder:

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import arrayfeed as af
-from arrayfeed._pipeline import waits
-from arrayfeed._pipeline.waits import Timing, places, wait_per_batch
+from arrayfeed._pipeline.read import waits
+from arrayfeed._pipeline.read.waits import Timing, places, wait_per_batch
 
 ROWS = 10_000
 

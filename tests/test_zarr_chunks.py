@@ -342,8 +342,8 @@ def test_a_window_of_few_large_blocks_is_read_piece_by_piece_on_every_thread(
     tmp_path: Path,
 ) -> None:
     """Two blocks per window, each many chunks: threads share the chunks, not only the blocks."""
-    from arrayfeed._pipeline.blocks import WindowCache
-    from arrayfeed._pipeline.plan import Plan
+    from arrayfeed._pipeline.plan.plan import Plan
+    from arrayfeed._pipeline.read.blocks import WindowCache
 
     data = np.random.default_rng(5).integers(0, 255, size=(64, 8, 6), dtype=np.uint8)
     array = _array(tmp_path / "a.zarr", data, (16, 2, 3), compressors=COMPRESSORS["zstd"])

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._errors import ConfigError, CorruptDataError
-from .._pipeline.permutation import derive_key, permute
+from .._pipeline.plan.permutation import derive_key, permute
 from .._storage import (
     ConversionRecord,
     Format,

@@ -14,10 +14,10 @@ import numpy.typing as npt
 import pytest
 
 from .._dtypes import native_dtype
-from .._pipeline.blocks import WindowCache
-from .._pipeline.plan import Plan
-from .._pipeline.read import read_rows
-from .._pipeline.shard import Shard
+from .._pipeline.plan.plan import Plan
+from .._pipeline.plan.shard import Shard
+from .._pipeline.read.blocks import WindowCache
+from .._pipeline.read.rows import read_rows
 from .._storage import (
     Chunked,
     Closeable,

@@ -20,7 +20,7 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
-from ..readers import reads_next
+from ..read.readers import reads_next
 from .members import Asked, Link, LoaderCountMixin, cpu_of
 from .processes import LoaderProcess, loaders
 from .slots import Slots, area_bytes
@@ -39,7 +39,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from ..feed import Feed
+    from ..read.feed import Feed
 
 __all__ = ["RemoteFeed"]
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..machine import process_cpu_seconds
-from ..tuning import Tuner
+from ..tune.machine import process_cpu_seconds
+from ..tune.tuning import Tuner
 from .processes import LoaderProcess, loaders
 from .slots import Slots
 from .wire import Channel, StartEpoch

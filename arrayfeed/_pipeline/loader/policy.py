@@ -21,7 +21,7 @@ from typing import Any
 from ..._errors import ConfigError
 from ..._storage import Source, portability
 from ..._validate import optional_integer
-from ..machine import usable_cores
+from ..tune.machine import usable_cores
 
 __all__ = ["CARRIED_BYTES", "loader_processes"]
 

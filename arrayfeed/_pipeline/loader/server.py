@@ -117,7 +117,7 @@ class FeedServer:
                 self.slots.pop(slot, None)
 
     def _start(self, message: StartEpoch) -> None:
-        from ..readers import EpochPass
+        from ..read.readers import EpochPass
 
         state = _Pass(None)
         try:

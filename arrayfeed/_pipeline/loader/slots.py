@@ -3,10 +3,10 @@
 A slot is one ``memfd`` (no file name: nothing in ``/dev/shm``, freed with the last process that
 maps it, even after ``kill -9``; elsewhere a POSIX segment unlinked at once) mapped by the
 training process and by the loader. The loader writes a group into a slot with an :class:`Area`
-(an :class:`~arrayfeed._pipeline.read.Allocator` that places each leaf on an aligned offset and
+(an :class:`~arrayfeed._pipeline.read.rows.Allocator` that places each leaf on an aligned offset and
 records its :data:`~.wire.Descriptor`); the training process makes NumPy views of those
 offsets and yields them. A slot is written again only after every view of it is gone: like a
-:class:`~arrayfeed._pipeline.read.BufferPool` buffer, it is free when its base array's reference
+:class:`~arrayfeed._pipeline.read.rows.BufferPool` buffer, it is free when its base array's reference
 count falls back to the pool's own, so batches a user keeps stay intact, and pages once touched
 are reused, never faulted in again.
 
@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..._forks import renew_after_fork
-from ..machine import usable_cores, usable_memory
-from ..read import ALIGNMENT
+from ..read.rows import ALIGNMENT
+from ..tune.machine import usable_cores, usable_memory
 from .wire import Descriptor
 
 __all__ = [

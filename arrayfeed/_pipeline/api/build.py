@@ -14,18 +14,19 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from .._dtypes import check_feedable
-from .._errors import ConfigError, ShapeError, StructureError
-from .._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
-from .._validate import flag, integer
-from .feed import Feed
-from .loader.policy import loader_processes
+from ..._dtypes import check_feedable
+from ..._errors import ConfigError, ShapeError, StructureError
+from ..._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
+from ..._validate import flag, integer
+from ..loader.client import RemoteFeed
+from ..loader.policy import loader_processes
+from ..plan.plan import Plan, check_position
+from ..plan.shard import Shard
+from ..plan.shuffles import shuffle_mode
+from ..read.feed import Feed
+from ..read.sparse import SparseFeed, check_sparse
+from ..read.structure import Treedef, flatten
 from .options import FeedArgs
-from .plan import Plan, check_position
-from .shard import Shard
-from .shuffles import shuffle_mode
-from .sparse import SparseFeed, check_sparse
-from .structure import Treedef, flatten
 
 __all__ = ["Built", "ShardSpec", "build_feed", "check_map_batch", "resolve_shard", "sources_of"]
 
@@ -107,6 +108,7 @@ def build_feed(
         num_threads=threads,
         processes=processes,
         loader_required=required,
+        open_loaders=RemoteFeed,
     )
     feed.seed_drawn = seed is None
     feed.seek(*start)

@@ -18,12 +18,18 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
-from .shard import Shard
+from ..plan.shard import Shard
 
-if TYPE_CHECKING:
-    import tensorflow as tf
+
+class InputContext(Protocol):
+    """What a ``tf.distribute.InputContext`` tells (named structurally: the options take one
+    without importing TensorFlow)."""
+
+    num_input_pipelines: int
+    input_pipeline_id: int
+
 
 __all__ = ["FeedArgs", "check_forwarded", "takes_feed_args"]
 
@@ -120,7 +126,7 @@ class FeedArgs:
     batch_size: int = 32
     shuffle: bool | str = True
     seed: int | None = None
-    shard: Shard | tf.distribute.InputContext | Literal["auto"] | None = "auto"
+    shard: Shard | InputContext | Literal["auto"] | None = "auto"
     drop_remainder: bool = False
     map_batch: Callable[[Any], Any] | None = None
     num_threads: int | None = None

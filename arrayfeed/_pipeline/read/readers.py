@@ -25,19 +25,29 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .._forks import renew_after_fork
+import numpy as np
+
+from ..._forks import renew_after_fork
+from ..._storage import Source
+from ..plan.indexblocks import EpochIndices
+from ..plan.plan import Plan
+from ..tune.tuning import Tuner
 from .blocks import WindowCache
-from .indexblocks import EpochIndices
+from .rows import Allocator
 
-if TYPE_CHECKING:
-    from .feed import Feed
-    from .read import Allocator
-
-__all__ = ["FOLLOW_SECONDS", "EpochPass", "PassAhead", "ReaderThreads", "read_pass", "reads_next"]
+__all__ = [
+    "FOLLOW_SECONDS",
+    "EpochPass",
+    "PassAhead",
+    "PassFeed",
+    "ReaderThreads",
+    "read_pass",
+    "reads_next",
+]
 
 #: A pass that has read for less than this many seconds when its last group is requested reads
 #: the first groups of the next epoch too (as many as are in flight), while its own last groups
@@ -157,6 +167,39 @@ class ReaderThreads:
                 self._idle += 1
 
 
+class PassFeed(Protocol):
+    """What a pass reads of its feed (:class:`~.feed.Feed` is one): its plan and groups, the
+    sources of an epoch, how to read a group, its tuner and the pass it read ahead."""
+
+    plan: Plan
+    group_steps: int
+    tuner: Tuner
+    ahead: PassAhead
+
+    @property
+    def pool_threads(self) -> int: ...
+
+    @property
+    def index_allocator(self) -> Callable[[int], np.ndarray]: ...
+
+    @property
+    def next_position(self) -> tuple[int, int]: ...
+
+    def readers(self, epoch: int) -> list[Source]: ...
+
+    def groups(self, start_step: int = 0) -> list[tuple[int, int]]: ...
+
+    def read_group(
+        self,
+        epoch: int,
+        first: int,
+        stop: int,
+        readers: Sequence[Source] | None = None,
+        blocks: EpochIndices | None = None,
+        out: Allocator | None = None,
+    ) -> Any: ...
+
+
 class EpochPass:
     """One pass over ``epoch`` from ``start_step`` on: groups read by reader threads (its own, or
     those of the pass it follows), each into memory of the caller's choice, with the feed's
@@ -164,7 +207,7 @@ class EpochPass:
     submitted in order; :meth:`fill` submits them in turn into :attr:`pending`."""
 
     def __init__(
-        self, feed: Feed, epoch: int, start_step: int = 0, threads: ReaderThreads | None = None
+        self, feed: PassFeed, epoch: int, start_step: int = 0, threads: ReaderThreads | None = None
     ) -> None:
         # Weakly: a pass read ahead is held by its feed (Feed.ahead), which must still be freed
         # when its dataset is dropped; while a pass is read, its reader holds the feed.
@@ -191,7 +234,7 @@ class EpochPass:
         self._pool = threads
 
     @property
-    def feed(self) -> Feed:
+    def feed(self) -> PassFeed:
         """The feed this pass reads (held weakly: one that is gone is an error)."""
         feed = self._feed()
         if feed is None:
@@ -300,7 +343,7 @@ class PassAhead:
             self.keep(kept)
 
 
-def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
+def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any, None, None]:
     """The groups of ``epoch`` from ``start_step`` on, read ahead by reader threads, in order,
     as many at once as the feed's tuner says and one more requested.
 
@@ -347,7 +390,7 @@ def read_pass(feed: Feed, epoch: int, start_step: int = 0) -> Generator[Any, Non
         feed.ahead.keep(kept)
 
 
-def reads_next(feed: Feed, epoch: int, began: float) -> bool:
+def reads_next(feed: PassFeed, epoch: int, began: float) -> bool:
     """Whether the pass over ``epoch`` that began at ``began`` reads the next one ahead: when
     the feed takes that epoch from its start next, and both this pass so far and the last one
     that ended took less than :data:`FOLLOW_SECONDS` (the first pass of a feed reads none

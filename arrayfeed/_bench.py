@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import check_feedable
-from .._errors import ConfigError
-from .._storage import (
+from ._dtypes import check_feedable
+from ._errors import ConfigError
+from ._pipeline.plan.shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
+from ._pipeline.tune.tuningreport import Tuning
+from ._storage import (
     Source,
     array_keys,
     as_source,
@@ -29,8 +31,6 @@ from .._storage import (
     row_bytes,
     split_spec,
 )
-from .shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
-from .tuningreport import Tuning
 
 __all__ = ["BenchReport", "arrays_at", "bench"]
 
@@ -70,8 +70,8 @@ class BenchReport:
 def _timed_pass(
     x: dict[str, Source], batch_size: int, shuffle: bool | str, seconds: float
 ) -> tuple[float, Tuning]:
-    from .batches import tuning
-    from .dataset import from_arrays
+    from ._pipeline.api.batches import tuning
+    from ._pipeline.api.dataset import from_arrays
 
     ds = from_arrays(x, batch_size=batch_size, shuffle=shuffle, seed=0, shard=None)
     first_key = sorted(x)[0]

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import native_dtype
-from .._errors import DtypeError, MapBatchError, StructureError
+from ..._dtypes import native_dtype
+from ..._errors import DtypeError, MapBatchError, StructureError
 from .structure import Treedef, flatten
 
 __all__ = ["Contract", "LeafSpec", "is_array", "probe"]

@@ -1,6 +1,6 @@
 """Resuming: the feeds behind a dataset, for the Keras integration.
 
-The plan is seekable (:func:`arrayfeed._pipeline.plan.check_position`), so starting at step ``S``
+The plan is seekable (:func:`arrayfeed._pipeline.plan.plan.check_position`), so starting at step ``S``
 of epoch ``E`` costs O(1). :class:`arrayfeed.ResumeCallback` moves a live dataset to Keras' epoch.
 
 ``from_arrays`` registers every dataset it returns together with its feed (weakly: the registry
@@ -16,7 +16,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .feed import Feed
+    from ..read.feed import Feed
 
 __all__ = ["feeds_of", "live_feeds", "register"]
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import tensorflow as tf
 
+from ..plan.shard import Shard
+from ..read.feed import Feed
+from ..read.sparse import SparseBatch, SparseFeed, SparseLeafSpec, is_batch_leaf
+from ..read.structure import flatten
 from .build import build_feed
-from .feed import Feed
 from .keras import guard_build_peeks, serve_numpy_batches
 from .options import FeedArgs, takes_feed_args
 from .resume import register
-from .shard import Shard
-from .sparse import SparseBatch, SparseFeed, SparseLeafSpec, is_batch_leaf
-from .structure import flatten
 
 __all__ = ["from_arrays"]
 

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import ConfigError
-from .._validate import integer
+from ..._errors import ConfigError
+from ..._validate import integer
 from .shard import Shard
-from .shuffles import BlockOrder, Shuffle, block_layout, shuffle_mode
+from .shuffles import BlockOrder, Shuffle, Span, block_layout, shuffle_mode
 
 # block_layout: where the benchmarks have always imported it from.
 __all__ = ["Plan", "block_layout", "check_position", "shard_bounds"]
@@ -64,6 +64,8 @@ class Plan:
     window_blocks: int = 1
     #: The shuffle mode itself (:mod:`.shuffles`), which the rest of the package asks.
     mode: Shuffle = field(init=False, repr=False, compare=False)
+    #: What the mode needs to know of this plan.
+    span: Span = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "block_rows", "window_blocks"):
@@ -74,6 +76,10 @@ class Plan:
         mode = shuffle_mode(self.shuffle)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "shuffle", mode.name)
+        start, stop = self.bounds
+        shard, blocks = self.shard, (self.block_rows, self.window_blocks)
+        span = Span(start, stop, self.seed, shard.index, shard.count, *blocks)
+        object.__setattr__(self, "span", span)
         if self.rows_per_epoch == 0:
             raise ConfigError(
                 f"there are more workers ({self.shard.count}) than rows ({self.n_rows}); "
@@ -147,7 +153,7 @@ class Plan:
             )
         else:
             rows = out
-        self.mode.fill(self, epoch, start_step * self.batch_size, rows)
+        self.mode.fill(self.span, epoch, start_step * self.batch_size, rows)
         if self.mode.random:
             # Storage order within each batch: the permutation decides which rows form a batch;
             # the order inside a batch carries no randomness a loss can use, and sorted reads are
@@ -159,7 +165,7 @@ class Plan:
 
     def block_order(self, epoch: int) -> BlockOrder:
         """The block order of ``epoch`` (``shuffle="block"``): where every block and row goes."""
-        return BlockOrder(self, epoch)
+        return BlockOrder(self.span, epoch)
 
     def _check_step(self, step: int) -> None:
         if not 0 <= step < self.steps:

@@ -24,30 +24,29 @@ import os
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .._dtypes import native_dtype
-from .._errors import ConfigError
-from .._forks import renew_after_fork
-from .._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
+from ..._dtypes import native_dtype
+from ..._errors import ConfigError
+from ..._forks import renew_after_fork
+from ..._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
+from ..plan.indexblocks import EpochIndices
+from ..plan.plan import Plan, check_position
+from ..tune.machine import usable_cores, usable_memory
+from ..tune.tuning import Tuner
+from ..tune.tuningladder import LADDER
+from ..tune.tuningreport import Tuning
 from .blocks import WindowCache
-from .indexblocks import EpochIndices
-from .loader.client import RemoteFeed
-from .machine import usable_cores, usable_memory
 from .mapbatch import Contract, LeafSpec, probe
-from .plan import Plan, check_position
-from .read import Allocator, BufferPool, read_rows
 from .readers import PassAhead, read_pass
 from .resident import Resident, resident_sources
+from .rows import Allocator, BufferPool, read_rows
 from .structure import Treedef
-from .tuning import Tuner
-from .tuningladder import LADDER
-from .tuningreport import Tuning
 from .waits import wait_per_batch
 
-__all__ = ["Feed", "default_num_threads", "usable_cores"]
+__all__ = ["Feed", "Loaders", "OpenLoaders", "default_num_threads", "usable_cores"]
 
 #: Bytes of batches stacked into one generator element (see also :data:`MAX_GROUP_BYTES`; a group
 #: is whole batches, so usually a little less). Big, because every ``from_generator`` element has
@@ -87,10 +86,8 @@ GROUP_WAIT_SECONDS = 0.05
 
 _INDEX = np.dtype(np.int64)
 
-
 #: Most reader threads by default when they only read: on many cores reads peak at a few threads
-#: and fall beyond, as every hand-off between threads costs more there (docs/performance.md,
-#: "Default reader threads").
+#: and fall beyond, as every hand-off between threads costs more there.
 READ_THREADS = 4
 #: Most reader threads by default when ``map_batch`` runs in them: the mapping is the user's own
 #: work per batch, often far more than the read, and spreads over more cores.
@@ -112,8 +109,24 @@ def default_num_threads(mapped: bool = False) -> int:
     return max(1, min(MAP_THREADS if mapped else READ_THREADS, usable_cores()))
 
 
+class Loaders(Protocol):
+    """A feed's epochs read by loader processes (:class:`~..loader.client.RemoteFeed`), the
+    groups :meth:`Feed.epoch` reads here; ``pid``: its process (a forked child opens its own)."""
+
+    pid: int
+
+    def epoch(self, epoch: int, start_step: int = 0) -> Generator[Any, None, None]: ...
+
+    def drop_ahead_unless(self, epoch: int, start_step: int) -> None: ...
+
+
+#: Opens a feed's loaders: ``(feed, processes, the feed pickled)``; the entry points hand it in.
+OpenLoaders = Callable[["Feed", int, bytes], Loaders]
+
+
 class Feed:
-    """Generator function over epochs of stacked batches (see the module docstring)."""
+    """Generator function over epochs of stacked batches (see the module docstring).
+    ``open_loaders``: how ``processes`` loaders are opened (needed when there are any)."""
 
     def __init__(
         self,
@@ -125,7 +138,11 @@ class Feed:
         num_threads: int | None = None,
         processes: int = 0,
         loader_required: bool = False,
+        open_loaders: OpenLoaders | None = None,
     ) -> None:
+        if processes and open_loaders is None:
+            raise ValueError("arrayfeed: a feed read by loader processes needs `open_loaders`")
+        self.open_loaders = open_loaders
         self.sources = list(sources)
         #: What groups read each leaf through: small chunked leaves are held in memory.
         self.readable = resident_sources(self.sources, plan.bounds)
@@ -210,7 +227,7 @@ class Feed:
             processes=self.processes,
             most_processes=most,
             cores=cores,
-            # What reading in this process uses (a loader's, once there is one: RemoteFeed).
+            # What reading in this process uses (a loader's, once there is one: see Loaders).
             cpu=None if self.processes else time.process_time,
         )
 
@@ -262,7 +279,7 @@ class Feed:
             max_bytes=max(256 << 20, 2 * in_use * per_group),
         )
 
-    def _new_remote(self) -> RemoteFeed | None:
+    def _new_remote(self) -> Loaders | None:
         """The link to this feed's loader processes (started now, so that they are ready by the
         first epoch), or None when this process reads."""
         if not self.processes:
@@ -287,7 +304,8 @@ class Feed:
                 "generator) cannot be. Make `map_batch` a plain function, or pass `processes=0` "
                 "to read in this process."
             ) from exc
-        return RemoteFeed(self, self.processes, blob)
+        assert self.open_loaders is not None
+        return self.open_loaders(self, self.processes, blob)
 
     def _new_window_pool(self) -> BufferPool:
         # Window buffers of every chunked leaf, as many as a cache holds.

@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._dtypes import native_dtype
-from .._errors import ConfigError
-from .._storage import Source, SparseRows, ragged_arange, row_bytes
-from .._validate import flag
+from ..._dtypes import native_dtype
+from ..._errors import ConfigError
+from ..._storage import Source, SparseRows, ragged_arange, row_bytes
+from ..._validate import flag
+from ..plan.indexblocks import EpochIndices
 from .feed import GROUP_BYTES, Feed
-from .indexblocks import EpochIndices
 from .mapbatch import LeafSpec
-from .read import Allocator, read_rows
+from .rows import Allocator, read_rows
 from .structure import Treedef, flatten
 
 __all__ = [

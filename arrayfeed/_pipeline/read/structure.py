@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import StructureError
+from ..._errors import StructureError
 
 __all__ = ["Treedef", "flatten"]
 

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._dtypes import native_dtype
-from .._forks import renew_after_fork
-from .._storage import Prefetch, ReadPiecesInto, ReadRangeInto, Source
-from .read import BufferPool
-from .shuffles import BlockOrder
+from ..._dtypes import native_dtype
+from ..._forks import renew_after_fork
+from ..._storage import Prefetch, ReadPiecesInto, ReadRangeInto, Source
+from ..plan.shuffles import BlockOrder
+from .rows import BufferPool
 
 __all__ = ["LOCATED", "UNITS_PER_BLOCK", "WindowCache"]
 

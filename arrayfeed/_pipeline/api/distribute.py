@@ -14,8 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from .._errors import ConfigError
-from .._validate import integer
+from ..._errors import ConfigError
+from ..._validate import integer
 from .dataset import from_arrays
 from .options import check_forwarded
 
@@ -56,7 +56,7 @@ def distribute(
             end on a step boundary (see Raises).
         **from_arrays_kwargs: Any other option of :func:`from_arrays` (``shuffle``, ``seed``,
             ``drop_remainder``, ``map_batch``, ``num_threads`` …, see
-            :class:`~arrayfeed._pipeline.options.FeedArgs`); not ``batch_size`` or ``shard``,
+            :class:`~arrayfeed._pipeline.api.options.FeedArgs`); not ``batch_size`` or ``shard``,
             which this function sets.
 
     Returns:

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from .._dtypes import native_dtype
-from .._forks import renew_after_fork
-from .._storage import GatherInto, Source
+from ..._dtypes import native_dtype
+from ..._forks import renew_after_fork
+from ..._storage import GatherInto, Source
 
 __all__ = ["ALIGNMENT", "Allocator", "BufferPool", "aligned_empty", "read_rows"]
 

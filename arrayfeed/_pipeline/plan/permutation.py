@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import numpy.typing as npt
 
-from .._forks import renew_after_fork
+from ..._forks import renew_after_fork
 
 __all__ = ["CHUNK", "EXACT_MAX", "derive_key", "invert", "permute", "splitmix64"]
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from .._forks import renew_after_fork
+from ..._forks import renew_after_fork
+from ..read.feed import Feed
+from ..read.sparse import SparseFeed, to_scipy
+from ..read.structure import flatten
+from ..tune.tuningreport import Tuning
 from .build import build_feed
-from .feed import Feed
 from .options import FeedArgs, takes_feed_args
-from .sparse import SparseFeed, to_scipy
-from .structure import flatten
-from .tuningreport import Tuning
 
 __all__ = ["Batches", "batches", "tuning"]
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import keras
 
-from .._errors import ConfigError
+from ..._errors import ConfigError
+from ..read.sparse import SparseFeed
 from .batches import Batches
 from .resume import feeds_of, live_feeds
-from .sparse import SparseFeed
 
 __all__ = ["ResumeCallback", "guard_build_peeks", "serve_numpy_batches"]
 

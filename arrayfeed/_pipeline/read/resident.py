@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._dtypes import native_dtype
-from .._forks import renew_after_fork
-from .._storage import ReadRangeInto, Source, SparseRows, chunked_rows, row_bytes
-from .read import aligned_empty
+from ..._dtypes import native_dtype
+from ..._forks import renew_after_fork
+from ..._storage import ReadRangeInto, Source, SparseRows, chunked_rows, row_bytes
+from .rows import aligned_empty
 
 __all__ = ["RESIDENT_BYTES", "RESIDENT_SHARE", "RESIDENT_TOTAL", "Resident", "resident_sources"]
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import ConfigError
-from .._validate import integer
+from ..._errors import ConfigError
+from ..._validate import integer
 
 __all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "TORCH_RANK_PAIR", "Shard"]
 

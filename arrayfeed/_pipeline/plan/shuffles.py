@@ -25,16 +25,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from .._errors import ConfigError
+from ..._errors import ConfigError
 from .permutation import derive_key, invert, permute
-
-if TYPE_CHECKING:
-    from .plan import Plan
 
 __all__ = [
     "BLOCK",
@@ -48,6 +45,7 @@ __all__ = [
     "BlockShuffle",
     "FullShuffle",
     "Shuffle",
+    "Span",
     "StorageOrder",
     "block_layout",
     "shuffle_mode",
@@ -63,6 +61,21 @@ WINDOW_BYTES = 32 << 20
 #: one storage call each (a call's fixed cost in h5py or Zarr is paid whatever its size;
 #: docs/performance.md, "Blocks of whole chunks").
 MIN_BLOCK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a shuffle mode needs to know of a worker's plan (:class:`~.plan.Plan` has one): its
+    row range ``[start, stop)``, the seed, the shard it is (``index`` of ``count``), and the
+    blocks and windows of a block shuffle."""
+
+    start: int
+    stop: int
+    seed: int = 0
+    index: int = 0
+    count: int = 1
+    block_rows: int = 1
+    window_blocks: int = 1
 
 
 class Shuffle(ABC):
@@ -84,9 +97,9 @@ class Shuffle(ABC):
     reads_windows: ClassVar[bool] = False
 
     @abstractmethod
-    def fill(self, plan: Plan, epoch: int, first: int, out: Int64s) -> None:
+    def fill(self, span: Span, epoch: int, first: int, out: Int64s) -> None:
         """Write into ``out`` the rows of positions ``[first, first + len(out))`` of ``epoch``
-        of ``plan``'s worker (positions within an epoch, rows within the whole array)."""
+        ``span``'s worker (positions within an epoch, rows within the whole array)."""
 
     def layout(self, chunk_rows: list[int], row_bytes: int) -> tuple[int, int]:
         """``(block_rows, window_blocks)`` a plan in this mode gets for sources whose chunks
@@ -105,8 +118,8 @@ class StorageOrder(Shuffle):
     flag: ClassVar[bool | None] = False
     random: ClassVar[bool] = False
 
-    def fill(self, plan: Plan, epoch: int, first: int, out: Int64s) -> None:
-        _arange_into(out, first + plan.bounds[0])
+    def fill(self, span: Span, epoch: int, first: int, out: Int64s) -> None:
+        _arange_into(out, first + span.start)
 
 
 @dataclass(frozen=True, repr=False)
@@ -117,10 +130,10 @@ class FullShuffle(Shuffle):
     name: ClassVar[str] = "full"
     flag: ClassVar[bool | None] = True
 
-    def fill(self, plan: Plan, epoch: int, first: int, out: Int64s) -> None:
-        start, stop = plan.bounds
+    def fill(self, span: Span, epoch: int, first: int, out: Int64s) -> None:
+        start, stop = span.start, span.stop
         _arange_into(out, first)  # the epoch positions, mapped to rows in place
-        key = derive_key(plan.seed, epoch, plan.shard.index, plan.shard.count)
+        key = derive_key(span.seed, epoch, span.index, span.count)
         np.add(permute(out, stop - start, key, out=out), start, out=out)
 
 
@@ -132,9 +145,9 @@ class BlockShuffle(Shuffle):
     name: ClassVar[str] = "block"
     reads_windows: ClassVar[bool] = True
 
-    def fill(self, plan: Plan, epoch: int, first: int, out: Int64s) -> None:
+    def fill(self, span: Span, epoch: int, first: int, out: Int64s) -> None:
         _arange_into(out, first)  # the epoch positions, mapped to rows in place
-        BlockOrder(plan, epoch).rows(out, out=out)
+        BlockOrder(span, epoch).rows(out, out=out)
 
     def layout(self, chunk_rows: list[int], row_bytes: int) -> tuple[int, int]:
         return block_layout(chunk_rows, row_bytes)
@@ -201,12 +214,12 @@ class BlockOrder:
     window in one buffer indexes.
     """
 
-    def __init__(self, plan: Plan, epoch: int) -> None:
-        self.start, self.stop = plan.bounds
-        self.size, self.width = plan.block_rows, plan.window_blocks
+    def __init__(self, span: Span, epoch: int) -> None:
+        self.start, self.stop = span.start, span.stop
+        self.size, self.width = span.block_rows, span.window_blocks
         self.first = self.start // self.size  # index of the first block in the whole array
         self.count = (self.stop - 1) // self.size - self.first + 1
-        keys = (plan.seed, epoch, plan.shard.index, plan.shard.count)
+        keys = (span.seed, epoch, span.index, span.count)
         self.block_key = derive_key(*keys, 1)
         self.window_key = derive_key(*keys, 2)
         # Rows missing from the partial head and tail blocks, and where those blocks landed.
