@@ -387,6 +387,7 @@ def test_processes_under_torchrun_read_disjoint_shards(tmp_path: Path) -> None:
     for rank in range(world):
         env = dict(base, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % 2))
         env.update(LOCAL_WORLD_SIZE="2", SLURM_PROCID=str(rank // 2), SLURM_NTASKS="2")
+        env.update(SLURM_STEP_ID="0")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-c", textwrap.dedent(_RANK_SCRIPT), str(tmp_path / "x.npy")],

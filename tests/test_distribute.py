@@ -50,6 +50,7 @@ def rows_of(ds: Any) -> list[int]:
 def test_auto_shard_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # inside a job step (srun)
     ds = af.from_arrays(np.arange(10), batch_size=2, shuffle=False)
     assert rows_of(ds) == [5, 6, 7, 8, 9]
     policy = ds.options().experimental_distribute.auto_shard_policy

@@ -83,15 +83,29 @@ VALID: list[tuple[str, dict[str, str], Shard]] = [
         {"TF_CONFIG": tf_config(WORKERS_3, environment="cloud")},
         Shard(3, 0),
     ),
-    ("Slurm", {"SLURM_PROCID": "3", "SLURM_NTASKS": "4"}, Shard(4, 3)),
-    ("Slurm one task", {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, Shard(1, 0)),
-    ("Slurm with spaces", {"SLURM_PROCID": " 1 ", "SLURM_NTASKS": "2\n"}, Shard(2, 1)),
+    ("Slurm", {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}, Shard(4, 3)),
+    (
+        "Slurm one task",
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"},
+        Shard(1, 0),
+    ),
+    (
+        "Slurm with spaces",
+        {"SLURM_PROCID": " 1 ", "SLURM_NTASKS": "2\n", "SLURM_STEPID": "3"},
+        Shard(2, 1),
+    ),
     ("Open MPI", {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, Shard(2, 1)),
     ("PMI", {"PMI_RANK": "5", "PMI_SIZE": "8"}, Shard(8, 5)),
     ("Horovod", {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "16"}, Shard(16, 0)),
     (
         "srun with PMI: Slurm and PMI agree",
-        {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "PMI_RANK": "2", "PMI_SIZE": "4"},
+        {
+            "SLURM_PROCID": "2",
+            "SLURM_NTASKS": "4",
+            "SLURM_STEP_ID": "0",
+            "PMI_RANK": "2",
+            "PMI_SIZE": "4",
+        },
         Shard(4, 2),
     ),
     (
@@ -109,7 +123,7 @@ VALID: list[tuple[str, dict[str, str], Shard]] = [
     ("WORLD_SIZE alone is not torchrun", {"WORLD_SIZE": "4"}, Shard(1, 0)),
     (
         "RANK alone beside Slurm: Slurm's",
-        {"RANK": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"},
+        {"RANK": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"},
         Shard(2, 1),
     ),
     (
@@ -130,7 +144,12 @@ VALID: list[tuple[str, dict[str, str], Shard]] = [
     ),
     (
         "TF_CONFIG and Slurm agree",
-        {"TF_CONFIG": tf_config(CHIEF_2W, "worker", 1), "SLURM_PROCID": "2", "SLURM_NTASKS": "3"},
+        {
+            "TF_CONFIG": tf_config(CHIEF_2W, "worker", 1),
+            "SLURM_PROCID": "2",
+            "SLURM_NTASKS": "3",
+            "SLURM_STEP_ID": "0",
+        },
         Shard(3, 2),
     ),
 ]
@@ -241,12 +260,12 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ),
     (
         "Slurm rank without size",
-        {"SLURM_PROCID": "0"},
+        {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0"},
         ["Slurm", "`SLURM_PROCID` is set ('0') but `SLURM_NTASKS` is not"],
     ),
     (
         "Slurm size without rank",
-        {"SLURM_NTASKS": "4"},
+        {"SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"},
         ["`SLURM_NTASKS` is set ('4') but `SLURM_PROCID` is not"],
     ),
     ("Open MPI half", {"OMPI_COMM_WORLD_SIZE": "2"}, ["but `OMPI_COMM_WORLD_RANK` is not"]),
@@ -264,7 +283,7 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ),
     (
         "rank not an integer",
-        {"SLURM_PROCID": "one", "SLURM_NTASKS": "4"},
+        {"SLURM_PROCID": "one", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"},
         ["SLURM_PROCID='one', SLURM_NTASKS='4'", "`SLURM_PROCID` must be a non-negative integer"],
     ),
     (
@@ -284,7 +303,7 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ),
     (
         "size zero",
-        {"SLURM_PROCID": "0", "SLURM_NTASKS": "0"},
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "0", "SLURM_STEP_ID": "0"},
         ["`SLURM_NTASKS` must be at least 1"],
     ),
     (
@@ -297,7 +316,13 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ),
     (
         "Slurm and MPI disagree on rank",
-        {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "PMI_RANK": "1", "PMI_SIZE": "2"},
+        {
+            "SLURM_PROCID": "0",
+            "SLURM_NTASKS": "2",
+            "SLURM_STEP_ID": "0",
+            "PMI_RANK": "1",
+            "PMI_SIZE": "2",
+        },
         [
             "different workers",
             "SLURM_PROCID='0', SLURM_NTASKS='2' -> worker 0 of 2",
@@ -306,7 +331,12 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
     ),
     (
         "TF_CONFIG and Slurm disagree on size",
-        {"TF_CONFIG": tf_config(WORKERS_3, "worker", 1), "SLURM_PROCID": "1", "SLURM_NTASKS": "4"},
+        {
+            "TF_CONFIG": tf_config(WORKERS_3, "worker", 1),
+            "SLURM_PROCID": "1",
+            "SLURM_NTASKS": "4",
+            "SLURM_STEP_ID": "0",
+        },
         ["TF_CONFIG task worker:1 -> worker 1 of 3", "SLURM_NTASKS='4' -> worker 1 of 4"],
     ),
     (
@@ -340,3 +370,57 @@ def test_long_tf_config_is_shortened_in_message() -> None:
     with pytest.raises(ConfigError) as info:
         Shard.from_env({"TF_CONFIG": text})
     assert len(str(info.value)) < 600
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # sbatch --ntasks=4 running the script as one process: the allocation, not the readers.
+        ({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, Shard(1, 0)),
+        # srun -n 2 inside that allocation: the step's two tasks.
+        (
+            {
+                "SLURM_PROCID": "1",
+                "SLURM_NTASKS": "4",
+                "SLURM_STEP_ID": "0",
+                "SLURM_STEP_NUM_TASKS": "2",
+            },
+            Shard(2, 1),
+        ),
+    ],
+    ids=["batch script outside a job step", "job step of fewer tasks"],
+)
+def test_slurm_counts_only_inside_a_job_step(env: dict[str, str], expected: Shard) -> None:
+    assert Shard.from_env(env) == expected
+
+
+def test_the_shard_found_says_where_it_came_from(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``shard="auto"`` logs what it found once, and ``Batches.shard`` says it."""
+    import logging
+
+    import numpy as np
+
+    import arrayfeed as af
+
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Shard.from_env().source == "SLURM_PROCID='1', SLURM_NTASKS='4'"
+    monkeypatch.setattr("arrayfeed._pipeline.api.build._LOGGED", set())  # (logged once a process)
+    with caplog.at_level(logging.INFO, logger="arrayfeed"):
+        first = af.batches(np.arange(400), batch_size=10, seed=7)
+        af.batches(np.arange(400), batch_size=10, seed=8)
+    assert first.shard == Shard(4, 1) and first.shard.source == "SLURM_PROCID='1', SLURM_NTASKS='4'"
+    assert len(first) == 10  # a quarter of the rows: this is worker 1 of 4
+    said = [r.getMessage() for r in caplog.records if "shard='auto'" in r.getMessage()]
+    assert said == [
+        "shard='auto': this process reads worker 1 of 4's rows, from "
+        "SLURM_PROCID='1', SLURM_NTASKS='4'"
+    ]
+    monkeypatch.delenv("SLURM_STEP_ID")
+    alone = af.batches(np.arange(400), batch_size=10, seed=7)
+    assert alone.shard == Shard(1, 0) and alone.shard.source is None and len(alone) == 40

@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..._forks import renew_after_fork
+from ..plan.shard import Shard
 from ..read.feed import Feed
 from ..read.sparse import SparseFeed, to_scipy
 from ..read.structure import flatten
-from ..tune.tuningreport import Tuning
+from ..tune.report import Tuning
 from .build import build_feed
 from .options import FeedArgs, takes_feed_args
 
@@ -95,6 +96,13 @@ class Batches:
         """How many groups are read at once, by how many loader processes, and why: tuned
         while reading unless ``num_threads`` fixed it (see :func:`arrayfeed.tuning`)."""
         return self._feed.tuning
+
+    @property
+    def shard(self) -> Shard:
+        """The rows this worker reads: worker ``index`` of ``count``; with ``shard="auto"``,
+        :attr:`Shard.source` says which variables of the environment said so (None: none did,
+        and this process reads everything)."""
+        return self._feed.plan.shard
 
     @property
     def position(self) -> tuple[int, int]:

@@ -10,6 +10,7 @@ recognised by the glue (that needs TensorFlow) and arrives here as the :class:`S
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -184,6 +185,10 @@ def check_map_batch(map_batch: Any, has_y: bool) -> None:
         )
 
 
+_LOG = logging.getLogger("arrayfeed")
+_LOGGED: set[Shard] = set()  # shards found by "auto" and logged
+
+
 def resolve_shard(shard: Any, kinds: str = SHARD_KINDS) -> tuple[Shard, bool]:
     """The shard this worker reads, and whether arrayfeed (not tf.data) does the sharding.
 
@@ -193,7 +198,16 @@ def resolve_shard(shard: Any, kinds: str = SHARD_KINDS) -> tuple[Shard, bool]:
     if shard is None:
         return Shard(1, 0), False
     if isinstance(shard, str) and shard == "auto":
-        return Shard.from_env(), True
+        found = Shard.from_env()
+        if found.source is not None and found not in _LOGGED:
+            _LOGGED.add(found)  # (once: every dataset of a worker finds the same)
+            _LOG.info(
+                "shard='auto': this process reads worker %d of %d's rows, from %s",
+                found.index,
+                found.count,
+                found.source,
+            )
+        return found, True
     if isinstance(shard, Shard):
         return shard, True
     raise ConfigError(f"`shard` must be {kinds} (got {shard!r}).")

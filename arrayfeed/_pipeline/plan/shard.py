@@ -9,13 +9,20 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..._errors import ConfigError
 from ..._validate import integer
 
-__all__ = ["ENV_RANK_PAIRS", "ENV_VARIABLES", "TORCH_RANK_PAIR", "Shard"]
+__all__ = [
+    "ENV_RANK_PAIRS",
+    "ENV_VARIABLES",
+    "SLURM_STEP",
+    "SLURM_STEP_TASKS",
+    "TORCH_RANK_PAIR",
+    "Shard",
+]
 
 #: ``(launcher, rank variable, size variable)`` that :meth:`Shard.from_env` reads, and TF_CONFIG.
 ENV_RANK_PAIRS: tuple[tuple[str, str, str], ...] = (
@@ -32,10 +39,18 @@ ENV_RANK_PAIRS: tuple[tuple[str, str, str], ...] = (
 #: task, so when this pair is set it names the worker and the launcher pairs above are not read.
 TORCH_RANK_PAIR: tuple[str, str, str] = ("torchrun (torch.distributed)", "RANK", "WORLD_SIZE")
 
+#: A Slurm job step (``srun``) sets one of these: in a batch script outside a step,
+#: ``SLURM_PROCID`` and ``SLURM_NTASKS`` describe the allocation, not the processes running.
+SLURM_STEP = ("SLURM_STEP_ID", "SLURM_STEPID")
+#: The tasks of the job step (``srun -n`` may ask for fewer than the allocation has).
+SLURM_STEP_TASKS = "SLURM_STEP_NUM_TASKS"
+
 #: Every environment variable :meth:`Shard.from_env` reads.
 ENV_VARIABLES: tuple[str, ...] = (
     "TF_CONFIG",
     *(name for _, rank, size in (*ENV_RANK_PAIRS, TORCH_RANK_PAIR) for name in (rank, size)),
+    *SLURM_STEP,
+    SLURM_STEP_TASKS,
 )
 
 _FIX = "pass `shard=arrayfeed.Shard(count, index)` (or `shard=None`) to from_arrays explicitly"
@@ -47,7 +62,7 @@ class Shard:
 
     >>> Shard(4, 1)
     Shard(count=4, index=1)
-    >>> Shard.from_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "4"})
+    >>> Shard.from_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"})
     Shard(count=4, index=1)
     >>> Shard.from_env({})
     Shard(count=1, index=0)
@@ -55,6 +70,8 @@ class Shard:
 
     count: int
     index: int
+    #: Where :meth:`from_env` found it (the variables read), else None.
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         count = integer(self.count, "Shard.count", low=1)
@@ -78,9 +95,10 @@ class Shard:
           and reads no data), is an error: there, build datasets in the strategy's
           ``dataset_fn(input_context)`` and pass ``shard=input_context``. An empty ``TF_CONFIG``,
           or one with neither ``cluster`` nor ``task``, is ignored.
-        - Slurm: ``SLURM_PROCID`` / ``SLURM_NTASKS``. Launch one process per task with ``srun``: in
-          a batch script outside ``srun``, ``SLURM_NTASKS`` counts the tasks of the allocation,
-          not the processes running.
+        - Slurm: ``SLURM_PROCID`` / ``SLURM_NTASKS`` (``SLURM_STEP_NUM_TASKS`` when set), inside
+          a job step only (``srun`` sets ``SLURM_STEP_ID``): in a batch script outside ``srun``
+          they describe the allocation, not the processes running, and are not read (one
+          process reads everything).
         - MPI / Horovod: ``OMPI_COMM_WORLD_RANK`` / ``OMPI_COMM_WORLD_SIZE`` (Open MPI),
           ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI), ``HOROVOD_RANK`` / ``HOROVOD_SIZE``.
         - PyTorch: ``RANK`` / ``WORLD_SIZE``, as ``torchrun`` sets them for each process. They
@@ -89,7 +107,7 @@ class Shard:
           node's task, while each of its processes is a worker of its own. One of the two alone
           is ignored (``RANK`` is a common name).
 
-        Nothing set: ``Shard(1, 0)``. Several sources set: they must name the same shard (``srun``
+        Nothing set: ``Shard(1, 0)``. The shard found says where in :attr:`source`. Several sources set: they must name the same shard (``srun``
         with PMI sets both ``SLURM_*`` and ``PMI_*``, for example; ``TF_CONFIG`` and
         ``RANK`` / ``WORLD_SIZE`` likewise).
 
@@ -120,6 +138,11 @@ class Shard:
             found.append(torch)
         else:
             for launcher, rank_var, size_var in ENV_RANK_PAIRS:
+                if rank_var.startswith("SLURM_"):
+                    if not any(step in env for step in SLURM_STEP):
+                        continue  # a batch script outside a job step: the allocation's
+                    if SLURM_STEP_TASKS in env:
+                        size_var = SLURM_STEP_TASKS
                 pair = _from_rank_pair(env, launcher, rank_var, size_var)
                 if pair is not None:
                     found.append(pair)
@@ -132,7 +155,8 @@ class Shard:
                 f"the environment names different workers for this process: {listing}. "
                 f"Unset the variables that do not describe this job, or {_FIX}."
             )
-        return found[0][1]
+        shard = found[0][1]
+        return cls(shard.count, shard.index, source="; ".join(what for what, _ in found))
 
 
 def _from_rank_pair(
