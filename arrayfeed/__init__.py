@@ -29,7 +29,7 @@ from ._errors import (
 )
 from ._pipeline.api.batches import Batches, batches, tuning
 from ._pipeline.plan.shard import Shard
-from ._pipeline.tune.tuningreport import Tuning
+from ._pipeline.tune.report import Bound, Tuning
 from ._storage import (
     Chunked,
     ConversionRecord,
@@ -43,7 +43,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     from ._pipeline.api.dataset import from_arrays
     from ._pipeline.api.distribute import distribute, distributed_steps
-    from ._pipeline.api.keras import ResumeCallback
+    from ._pipeline.api.keras import DataWait, ResumeCallback
 
 
 def __getattr__(name: str) -> Any:
@@ -57,10 +57,10 @@ def __getattr__(name: str) -> Any:
         from ._pipeline.api import distribute as _distribute
 
         return getattr(_distribute, name)
-    if name == "ResumeCallback":
-        from ._pipeline.api.keras import ResumeCallback
+    if name in ("ResumeCallback", "DataWait"):
+        from ._pipeline.api import keras as _keras
 
-        return ResumeCallback
+        return getattr(_keras, name)
     raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
 
 
@@ -68,10 +68,12 @@ __all__ = [
     "ArrayfeedError",
     "Batches",
     "BenchReport",
+    "Bound",
     "Chunked",
     "ConfigError",
     "ConversionRecord",
     "CorruptDataError",
+    "DataWait",
     "DestinationError",
     "DtypeError",
     "GatherInto",

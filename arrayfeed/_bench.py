@@ -21,7 +21,7 @@ import numpy as np
 from ._dtypes import check_feedable
 from ._errors import ConfigError
 from ._pipeline.plan.shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
-from ._pipeline.tune.tuningreport import Tuning
+from ._pipeline.tune.report import Tuning
 from ._storage import (
     Source,
     array_keys,
@@ -58,13 +58,33 @@ class BenchReport:
             f"{'reading':34} {'rows/s':>12}",
         ]
         for mode, rate in self.modes.items():
-            lines.append(f"{'from_arrays(shuffle=' + repr(mode) + ')':34} {rate:>12,.0f}")
-            if mode in self.tuning:
-                lines.append(f"{'':2}{self.tuning[mode]}")
+            line = f"{'from_arrays(shuffle=' + repr(mode) + ')':34} {rate:>12,.0f}"
+            tuned = self.tuning.get(mode)
+            if tuned is not None:
+                line += f"  {_setting(tuned)}"
+            lines.append(line)
         if self.ceiling is not None:
             lines.append(f"{'storage ceiling (slabs in order)':34} {self.ceiling:>12,.0f}")
+        unsettled = [mode for mode, t in self.tuning.items() if not t.settled]
+        if unsettled:
+            lines.append(
+                f"tuning had not settled in {', '.join(unsettled)}: those rows/s are of the "
+                "settings shown, measured while tuning (a longer run settles: --seconds)"
+            )
         lines += [f"- {line}" for line in self.advice]
         return "\n".join(lines)
+
+
+def _setting(tuned: Tuning) -> str:
+    """``threads N [x P loaders], bound by B[, waiting for data W]``."""
+    text = f"threads {tuned.threads}"
+    if tuned.processes > 1:
+        text += f" x {tuned.processes} loaders"
+    if tuned.settled:
+        text += f", bound by {tuned.bound.value}"
+    if tuned.data_wait is not None:
+        text += f", waiting for data {tuned.data_wait:.0%}"
+    return text
 
 
 def _timed_pass(

@@ -204,7 +204,8 @@ def run(case: str, data: Data, setting: str, warm: float, measure: float) -> dic
                         "process_rates": {str(k): v for k, v in tuning.process_rates.items()},
                         "settled_after": tuning.settled_after,
                         "rates": {str(k): v for k, v in tuning.rates.items()},
-                        "why": tuning.why,
+                        "why": str(tuning),
+                        "bound": tuning.bound.value,
                         "history": history,
                     }
 

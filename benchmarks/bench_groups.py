@@ -32,18 +32,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scaling as bs  # the data and the feed, as the sweep builds them
 
-from arrayfeed._pipeline.tune.tuning import Tuner
+from arrayfeed._pipeline.tune.model import Model
+from arrayfeed._pipeline.tune.windows import Window
 
 
 def run(data: bs.Data, key: str, variant: str, seconds: float) -> dict[str, Any]:
     """Build a feed over ``key`` (``variant``: a thread count, or ``default``), read it, time it."""
     windows: list[tuple[float, int, float]] = []
     began = time.perf_counter()
-    decide = Tuner._decide
+    observe = Model.observe
 
-    def logged(self: Tuner, rate: float) -> None:
-        windows.append((round(time.perf_counter() - began, 2), self.threads, round(rate)))
-        decide(self, rate)
+    def logged(self: Model, w: Window) -> None:
+        windows.append((round(time.perf_counter() - began, 2), self.threads, round(w.rate)))
+        observe(self, w)
 
     x, y = data.arrays(key)
     threads = None if variant == "default" else int(variant)
@@ -57,7 +58,7 @@ def run(data: bs.Data, key: str, variant: str, seconds: float) -> dict[str, Any]
         epoch[0] += 1
         return feed()
 
-    Tuner._decide = logged  # type: ignore[method-assign]
+    Model.observe = logged  # type: ignore[method-assign]
     try:
         began = time.perf_counter()
         bs.drain(new_epoch, seconds if threads is None else 1.0, bs.numpy_rows)
@@ -65,7 +66,7 @@ def run(data: bs.Data, key: str, variant: str, seconds: float) -> dict[str, Any]
         rows, timed = bs.drain(new_epoch, 1.0, bs.numpy_rows)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     finally:
-        Tuner._decide = decide  # type: ignore[method-assign]
+        Model.observe = observe  # type: ignore[method-assign]
     result = {
         "storage": key,
         "variant": variant,
@@ -74,7 +75,7 @@ def run(data: bs.Data, key: str, variant: str, seconds: float) -> dict[str, Any]
         "threads": feed.tuning.threads,
         "rows_per_s": rows / timed,
         "page_faults_per_s": faults / timed,
-        "why": feed.tuning.why,
+        "why": str(feed.tuning),
         "windows": windows if threads is None else [],
     }
     print(

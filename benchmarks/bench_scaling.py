@@ -441,8 +441,8 @@ def feed_run(make: Callable[[], Feed], info: dict[str, Any], warm: float = 0.0) 
         if tuning.tuned:
             info.setdefault("tuned_threads", []).append(tuning.threads)
             info.setdefault("settled_after", []).append(tuning.settled_after)
-            info.setdefault("history", []).append(list(feed.tuner.history))
-            info["why"] = tuning.why
+            info.setdefault("history", []).append([t for t, _ in feed.tuner.history])
+            info["why"] = str(tuning)
         return result
 
     return run

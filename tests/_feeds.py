@@ -78,24 +78,26 @@ def image_files(root: Path, rows: int, compression: str) -> dict[str, Any]:
 
 
 class Chaos(Tuner):
-    """A tuner that draws the groups to read at once at random on every request, and the
-    loader processes to read with (1 to ``processes``) every time they are asked for."""
+    """A tuner that draws the groups to read at once at random on every request (1 to
+    ``cap``), and the loader processes to read with (1 to ``processes``) every time they are
+    asked for."""
 
     def __init__(self, cap: int, seed: int, processes: int = 0) -> None:
         self._rng = random.Random(seed)
         self.asked: set[int] = set()
         self.asked_processes: set[int] = set()
+        self._most = processes
         super().__init__(1, cap, processes=min(1, processes), most_processes=processes)
 
     @property
     def threads(self) -> int:
-        value = self._rng.choice(self.ladder)
+        value = self._rng.randint(1, self.cap)
         self.asked.add(value)
         return value
 
     @property
     def processes(self) -> int:
-        value = self._rng.choice(self.process_ladder)
+        value = self._rng.randint(1, self._most) if self._most else 0
         self.asked_processes.add(value)
         return value
 

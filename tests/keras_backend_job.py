@@ -83,8 +83,9 @@ def _fit(
     callbacks: list[Any] = [_Epoch(epoch)]
     if resume:
         callbacks.append(af.ResumeCallback(ds))
+    callbacks.append(af.DataWait(ds))
     val = af.from_arrays(x, y, batch_size=BATCH, shuffle=False) if validate else None
-    _model(seen, epoch).fit(
+    history = _model(seen, epoch).fit(
         ds,
         epochs=EPOCHS,
         initial_epoch=initial_epoch,
@@ -99,6 +100,7 @@ def _fit(
         "stream": {str(k): v for k, v in stream.items()},
         "next_position": list(made._arrayfeed_feed.next_position),
         "tf_data_pulls": _TF_DATA_PULLS[id(made._arrayfeed_feed)],
+        "data_wait": history.history.get("data_wait"),
     }
 
 

@@ -207,9 +207,9 @@ def test_storage_reached_through_its_public_surface(module: str) -> None:
 #: but one another).
 PURE_LOGIC = (
     "arrayfeed._pipeline.tune.tuning",
-    "arrayfeed._pipeline.tune.tuningladder",
-    "arrayfeed._pipeline.tune.loadercount",
-    "arrayfeed._pipeline.tune.tuningreport",
+    "arrayfeed._pipeline.tune.model",
+    "arrayfeed._pipeline.tune.windows",
+    "arrayfeed._pipeline.tune.report",
 )
 
 
@@ -222,6 +222,9 @@ def test_tuning_is_pure_logic(module: str) -> None:
         "time",
         "collections",
         "dataclasses",
+        "enum",
+        "math",
+        "statistics",
     }, imported
 
 

@@ -143,3 +143,42 @@ def test_on_epoch_begin_moves_the_dataset_to_keras_epoch() -> None:
     got = [b[0].numpy()[:, 0] for b in ds]
     for g, e in zip(got, reference, strict=True):
         np.testing.assert_array_equal(g, e)
+
+
+def _sleepy(batch: Any) -> Any:
+    import time
+
+    time.sleep(0.02)  # reads that take 20 ms a batch (without the GIL)
+    return batch
+
+
+class _SlowStep(keras.callbacks.Callback):  # type: ignore[misc]
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        import time
+
+        time.sleep(0.02)  # a training step of 20 ms more
+
+
+@pytest.mark.parametrize(
+    ("reads", "step", "waits"), [("slow", "fast", True), ("fast", "slow", False)]
+)
+def test_data_wait_in_fit_tells_an_input_bound_epoch_from_a_compute_bound_one(
+    reads: str, step: str, waits: bool
+) -> None:
+    """``DataWait`` adds ``data_wait`` to every epoch's logs: most of the epoch when reads take
+    20 ms a batch and training none; little when training takes 20 ms a step and reads none."""
+    x, y = _data()
+    mapped = {"map_batch": _sleepy, "num_threads": 1} if reads == "slow" else {}
+    train = af.from_arrays(x, y, batch_size=BATCH, seed=0, processes=0, **mapped)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    callbacks = [af.DataWait(train)] + ([_SlowStep()] if step == "slow" else [])
+    history = model.fit(train, epochs=3, verbose=0, callbacks=callbacks)
+    waits_seen = history.history["data_wait"]
+    assert len(waits_seen) == 3 and all(0.0 <= w <= 1.0 for w in waits_seen)
+    assert (waits_seen[-1] > 0.5) if waits else (waits_seen[-1] < 0.5), waits_seen
+
+
+def test_data_wait_refuses_what_is_not_an_arrayfeed_dataset() -> None:
+    with pytest.raises(TypeError, match=r"arrayfeed\.batches or arrayfeed\.from_arrays"):
+        af.DataWait(np.zeros(3))

@@ -84,3 +84,8 @@ def test_keras_epoch_k_trains_on_arrayfeed_epoch_k(
         pulls = result[scenario]["tf_data_pulls"]
         assert (pulls > 0) if backend == "tensorflow" else (pulls == 0), (scenario, pulls)
     assert result["derived"]["tf_data_pulls"] >= 3  # a derived dataset goes through tf.data
+    # DataWait puts the share of each epoch spent waiting for data in fit's History.
+    for scenario, epochs in (("plain", 3), ("validated", 3), ("resumed", 2), ("derived", 3)):
+        waits = result[scenario]["data_wait"]
+        assert waits is not None and len(waits) == epochs, (scenario, waits)
+        assert all(0.0 <= w <= 1.0 for w in waits), (scenario, waits)

@@ -538,8 +538,10 @@ def test_a_loader_that_closes_its_link_while_alive_is_named_so() -> None:
 
 class TwoThenOne(Tuner):
     """Asks for two loader processes until told to ask for one again (a tuner that tried a
-    second and found that it did not pay). Its threads are fixed: a tuner measuring them would
-    settle at some point and reset ``loaders.spare``, which the tests set."""
+    second and found that it did not pay), and for the loaders the tests set in ``spare`` to
+    be started ahead. Its threads are fixed."""
+
+    spare = 0  # (a plain attribute here: the tests set it)
 
     def __init__(self) -> None:
         self.wanted = 2
@@ -588,13 +590,13 @@ def _with_a_spare(b: af.Batches) -> tuple[Any, TwoThenOne, LoaderProcess, list[A
     b._feed.tuner = remote.tuner = tuner = TwoThenOne()
     tuner.wanted = 1
     first = remote._links[0].process
-    tuner.loaders.spare = 2
+    tuner.spare = 2
     return remote, tuner, first, _epochs(b, 1)
 
 
 def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, Any]) -> None:
     """A tuner whose threads' climb is over, with a busy loader, asks for the next count to be
-    started (``loaders.spare``): the process starts and imports while fewer threads are
+    started (``spare``): the process starts and imports while fewer threads are
     measured, the feed not registered with it; the count tried then reads with that very
     process. One that is not tried after all is let go, and stops."""
     x, y = files["npy"]
@@ -609,19 +611,19 @@ def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, A
     while not tuner.ready and time.monotonic() < deadline:
         got += _epochs(b, 1)
     assert [link.process for link in remote._links] == [first, spares[0]]
-    tuner.loaders.spare = 0  # settled
+    tuner.spare = 0  # settled
     got += _epochs(b, 1)
     assert remote._spares == [] and spares[0].alive()  # in use: kept
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
 
     # Back to one loader, with two more started and then not tried: let go, and, serving no
     # feed, they stop.
-    tuner.wanted, tuner.loaders.spare = 1, 3
+    tuner.wanted, tuner.spare = 1, 3
     got = _epochs(b, 1)
     assert [link.process for link in remote._links] == [first]
     assert len(remote._spares) == 3 - 1 and spares[0] in remote._spares
     started = list(remote._spares)
-    tuner.loaders.spare = 0
+    tuner.spare = 0
     got += _epochs(b, 1)
     assert remote._spares == []
     deadline = time.monotonic() + LINGER_SECONDS + 10

@@ -415,3 +415,27 @@ def test_a_hundred_and_fifty_datasets_read_at_once_within_the_usual_descriptor_l
     fds, least, most = map(int, done.stdout.split())
     assert least == most == ROWS
     assert fds > 150  # (at least one link per dataset: the case the limit is raised for)
+
+
+def test_a_feed_collected_while_the_ledger_is_busy_does_not_hang() -> None:
+    """The garbage collector may finalize a feed's slots at any allocation, also one made while
+    the ledger's lock is held (seen: a feed collected inside ``Ledger.share``)."""
+    from arrayfeed._pipeline.loader.slots import Ledger, Slots
+
+    ledger = Ledger()
+    ledger._budget = 1 << 20
+    done = threading.Event()
+
+    def collect_while_busy() -> None:
+        slots = Slots(4096, 2, ledger)
+        cycle: list[Any] = [slots]
+        cycle.append(cycle)  # collected by the garbage collector, not by reference counting
+        del slots, cycle
+        with ledger._lock:
+            gc.collect()  # the finalizer runs here, the lock held
+        done.set()
+
+    worker = threading.Thread(target=collect_while_busy, daemon=True)
+    worker.start()
+    assert done.wait(10), "the finalizer waited for the ledger's lock"
+    assert ledger.held == 0 and ledger.share(1) == 1 << 20

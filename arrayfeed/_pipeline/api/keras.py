@@ -33,7 +33,7 @@ from ..read.sparse import SparseFeed
 from .batches import Batches
 from .resume import feeds_of, live_feeds
 
-__all__ = ["ResumeCallback", "guard_build_peeks", "serve_numpy_batches"]
+__all__ = ["DataWait", "ResumeCallback", "guard_build_peeks", "serve_numpy_batches"]
 
 # Keras 3 methods that draw a batch from the training data to build an unbuilt model (on the
 # JAX and torch backends always, on TensorFlow under a distribution strategy), then drop that
@@ -217,3 +217,34 @@ class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         for feed in self._feeds:
             feed.seek(epoch, 0)
+
+
+class DataWait(keras.callbacks.Callback):  # type: ignore[misc]
+    """Add the share of each epoch that training waited for data to the epoch's logs, as
+    ``data_wait`` (0 to 1): ``fit``'s progress line and its ``History`` show it.
+
+    It is what arrayfeed measures where batches leave it (see :attr:`arrayfeed.Tuning.data_wait`):
+    the share of the epoch, from its first request to its last batch, that the consumer (Keras,
+    or tf.data's prefetch for a dataset of :func:`arrayfeed.from_arrays`) spent waiting for a
+    batch to be read. Near 0, the input keeps up with training; near 1, training waits for data
+    (MLPerf Storage's accelerator utilisation is one minus it).
+
+    ``dataset``: what :func:`arrayfeed.from_arrays` or :func:`arrayfeed.batches` returned (also
+    behind ``map``, ``prefetch`` and other tf.data transformations).
+
+    >>> import numpy as np, arrayfeed as af
+    >>> train = af.from_arrays(np.zeros((64, 3), np.float32), np.zeros(64), batch_size=16)
+    >>> callback = af.DataWait(train)  # model.fit(train, callbacks=[callback])
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        from .batches import tuning
+
+        tuning(dataset)  # (refuses what it cannot report on, now rather than at an epoch's end)
+        self._tuning = functools.partial(tuning, dataset)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            wait = self._tuning().data_wait
+            logs["data_wait"] = 0.0 if wait is None else float(wait)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
 from ..read.readers import reads_next
-from .members import Asked, Link, LoaderCountMixin, cpu_of
+from .members import Asked, Link, LoaderCountMixin
 from .processes import LoaderProcess, loaders
 from .slots import Slots, area_bytes
 from .wire import (
@@ -89,8 +89,6 @@ class RemoteFeed(LoaderCountMixin):
         self._spare_count = 0
         self._ahead: Asked | None = None  # the next epoch's pass, asked for ahead
         self._connect()
-        if os.path.exists("/proc/self/stat"):  # what the loaders use tells the tuner whether
-            self.tuner.loaders.cpu = cpu_of(weakref.ref(self))  # one more would pay
         weakref.finalize(self, RemoteFeed._close, self.feed_id, self._links, self._fds)
 
     # -- connecting ---------------------------------------------------------------------------------
@@ -194,6 +192,9 @@ class RemoteFeed(LoaderCountMixin):
         if isinstance(message, (Loaded, Raised)):
             link.slots.pop(message.slot, None)
             link.delivered += 1
+            if isinstance(message, Loaded) and message.cpu > link.cpu:  # (the tuner measures it)
+                self.tuner.read_cpu(message.cpu - link.cpu, reader=link.process.pid)
+                link.cpu = message.cpu
             if message.token in self._ending:
                 self.slots.release(message.slot)  # a pass gone: nothing will be lent from it
             else:
@@ -282,9 +283,10 @@ class RemoteFeed(LoaderCountMixin):
                     raise message.error.raised_here()
                 with self._cond:
                     arrays = self.slots.lend(message.slot, message.arrays)
-                tuner.delivered((stop - first) * batch, waited=waited)
+                tuner.delivered((stop - first) * batch, waited=waited, seconds=message.seconds)
                 yield treedef.unflatten(arrays)
                 del arrays
+            tuner.pass_ended()
             kept, after = after, None
             feed = self._feed()
             if feed is not None:

@@ -1,5 +1,5 @@
 """The loaders that read a feed: the training process's link to each, the passes they serve,
-and how many of them are asked for groups — as many as the tuner says (:mod:`..loadercount`):
+and how many of them are asked for groups — as many as the tuner says (:mod:`..tune.tuning`):
 a loader started while a pass is read joins it, and is asked for groups once registered (the
 tuner counting from its first group: it opens the files, or the storage's connections, there);
 one no longer asked for leaves once it has delivered what it was asked for. The loader the tuner
@@ -11,29 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..tune.machine import process_cpu_seconds
 from ..tune.tuning import Tuner
 from .processes import LoaderProcess, loaders
 from .slots import Slots
 from .wire import Channel, StartEpoch
 
-__all__ = ["Asked", "Link", "LoaderCountMixin", "cpu_of"]
-
-
-def cpu_of(ref: weakref.ref[LoaderCountMixin]) -> Callable[[], float]:
-    """The CPU seconds of the loaders reading for the feed link ``ref`` (a weak reference: the
-    tuner that asks belongs to the feed)."""
-
-    def cpu() -> float:
-        remote = ref()
-        return 0.0 if remote is None else remote._cpu_seconds()
-
-    return cpu
+__all__ = ["Asked", "Link", "LoaderCountMixin"]
 
 
 @dataclass
@@ -50,6 +37,8 @@ class Link:
     ending: set[int] = field(default_factory=set)
     #: Groups it has delivered (a loader that joined counts for the tuner from its first).
     delivered: int = 0
+    #: CPU seconds the loader had used at its last group delivered (it says with each).
+    cpu: float = 0.0
 
 
 @dataclass
@@ -123,7 +112,7 @@ class LoaderCountMixin:
         group on: the first opens the files, or the storage's connections, there), and let go
         of those beyond it once they have no group to deliver."""
         count = max(1, self.tuner.processes)
-        spare = self.tuner.loaders.spare
+        spare = self.tuner.spare
         if (
             count == len(self._links)
             and not self._joining
@@ -216,7 +205,3 @@ class LoaderCountMixin:
         with contextlib.suppress(OSError):
             link.channel.close()
         loaders().release(self.feed_id, link.process)
-
-    def _cpu_seconds(self) -> float:
-        """CPU seconds used by the loaders reading (see :func:`~..machine.process_cpu_seconds`)."""
-        return sum(process_cpu_seconds(link.process.pid) for link in self._reading())

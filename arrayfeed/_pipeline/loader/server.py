@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -162,7 +163,15 @@ class FeedServer:
             if error is not None:
                 self._raised(message, error)
             elif future is not None:
-                reply = Loaded(message.token, message.first, message.slot, area.descriptors)
+                seconds = getattr(future, "seconds", 0.0)  # (see ReaderThreads)
+                reply = Loaded(
+                    message.token,
+                    message.first,
+                    message.slot,
+                    area.descriptors,
+                    seconds,
+                    time.process_time(),
+                )
                 with contextlib.suppress(OSError):
                     self.channel.send(reply)
         finally:

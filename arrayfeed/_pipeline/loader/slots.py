@@ -78,6 +78,10 @@ class Ledger:
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._held: dict[int, int] = {}  # owner -> bytes, for every owner there is
+        # Owners gone, told by their finalizers: the garbage collector may run one at any
+        # allocation, also one made while the lock is held, so a finalizer only appends here
+        # (atomic) and the next call under the lock forgets them.
+        self._gone: list[int] = []
         self._budget: int | None = None
         #: The most bytes held at once, by all owners together.
         self.peak = 0
@@ -88,25 +92,32 @@ class Ledger:
             self._budget = read_ahead_budget()
         return self._budget
 
+    def _forget_gone(self) -> None:  # (under the lock)
+        while self._gone:
+            self._held.pop(self._gone.pop(), None)
+
     @property
     def held(self) -> int:
         with self._lock:
+            self._forget_gone()
             return sum(self._held.values())
 
     def join(self, owner: int) -> None:
         """``owner`` (a feed's slots) shares the budget from now on, holding nothing yet."""
         with self._lock:
+            self._forget_gone()
             self._held.setdefault(owner, 0)
 
     def forget(self, owner: int) -> None:
-        """``owner`` is gone: it holds nothing and shares nothing any more."""
-        with self._lock:
-            self._held.pop(owner, None)
+        """``owner`` is gone: it holds nothing and shares nothing any more (safe to call from a
+        finalizer, at any time)."""
+        self._gone.append(owner)
 
     def share(self, owner: int) -> int:
         """Bytes ``owner`` may hold: the budget shared among the owners there are."""
         with self._lock:
-            owners = len(self._held.keys() | {owner})
+            self._forget_gone()
+            owners = len(self._held) + (owner not in self._held)
         return self.budget // owners
 
     def fits(self, owner: int, size: int) -> bool:
@@ -118,6 +129,7 @@ class Ledger:
 
     def add(self, owner: int, size: int) -> None:
         with self._lock:
+            self._forget_gone()
             self._held[owner] = self._held.get(owner, 0) + size
             self.peak = max(self.peak, sum(self._held.values()))
 

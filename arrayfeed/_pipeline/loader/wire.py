@@ -144,12 +144,16 @@ class Registered:
 
 @dataclass(frozen=True)
 class Loaded:
-    """The group ``first`` of the pass ``token`` is in ``slot``: one descriptor per leaf."""
+    """The group ``first`` of the pass ``token`` is in ``slot``: one descriptor per leaf; it
+    took ``seconds`` to read, and the loader has used ``cpu`` seconds of CPU so far (what the
+    tuner measures: :mod:`...tune.tuning`)."""
 
     token: int
     first: int
     slot: int
     arrays: list[Descriptor] = field(default_factory=list)
+    seconds: float = 0.0
+    cpu: float = 0.0
 
 
 @dataclass(frozen=True)

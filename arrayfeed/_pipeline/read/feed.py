@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -35,9 +34,8 @@ from ..._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sour
 from ..plan.indexblocks import EpochIndices
 from ..plan.plan import Plan, check_position
 from ..tune.machine import usable_cores, usable_memory
-from ..tune.tuning import Tuner
-from ..tune.tuningladder import LADDER
-from ..tune.tuningreport import Tuning
+from ..tune.report import Tuning
+from ..tune.tuning import MAX_THREADS, Tuner
 from .blocks import WindowCache
 from .mapbatch import Contract, LeafSpec, probe
 from .readers import PassAhead, read_pass
@@ -203,32 +201,30 @@ class Feed:
         return min(MAX_GROUP_BYTES, max(GROUP_BYTES, ahead))
 
     def _new_tuner(self) -> Tuner:
-        """Reader threads: ``num_threads`` when fixed; else tuned from the default, up to as
-        many as the bytes read ahead hold the groups of (with the one requested ahead; at most
-        the ladder's top): :data:`READ_AHEAD_BYTES`, or :func:`tuned_read_ahead` for cheap reads,
-        whose groups are sized for few threads."""
-        start = self.num_threads
+        """Reader threads: ``num_threads`` when fixed; else tuned from one (a read alone gives
+        the latency the tuner's model needs), up to as many groups in flight as the bytes read
+        ahead hold (:data:`READ_AHEAD_BYTES`, or :func:`tuned_read_ahead` for cheap reads, whose
+        groups are sized for few threads), at most :data:`~..tune.tuning.MAX_THREADS` each;
+        loaders by default up to one per usable core (those asked for stay)."""
+        rows = self.group_steps * self.plan.batch_size
         if self.threads_fixed:
-            return Tuner(start, start, fixed=True, processes=self.processes)
-        group = self.group_steps * self.plan.batch_size * self._row_bytes
+            start = self.num_threads
+            return Tuner(start, start, fixed=True, processes=self.processes, group_rows=rows)
         ahead = tuned_read_ahead() if self._cheap_reads else READ_AHEAD_BYTES
-        fits = ahead // max(1, group) - 1
-        cap = max(start, min(LADDER[-1], fits))
-        # Groups of a window decoded ahead: at most as many as are in flight at the cap (tiny
-        # groups, of a slow map_batch say, would otherwise skip whole passes after a move).
-        # Loader processes by default: as many as there are cores at most (those not worth
-        # it are not tried, see :data:`~.tuning.PROCESS_BUSY`); those asked for stay.
+        memory = max(2, ahead // max(1, rows * self._row_bytes))
+        cap = max(1, min(MAX_THREADS, memory - 1))
         cores = usable_cores()
         most = cores if self.processes and not self.loader_required else self.processes
         return Tuner(
-            start,
+            1,
             cap,
+            # Groups of a window decoded ahead: at most as many as are in flight at the cap.
             ahead=min(self._groups_decoded_ahead, cap + 1),
             processes=self.processes,
             most_processes=most,
             cores=cores,
-            # What reading in this process uses (a loader's, once there is one: see Loaders).
-            cpu=None if self.processes else time.process_time,
+            memory=memory,
+            group_rows=rows,
         )
 
     @property

@@ -63,7 +63,15 @@ class ReaderThreads:
     (started as needed); :attr:`limit` may change at any time (a lower one takes effect as
     running calls end)."""
 
-    def __init__(self, limit: int, most: int, name: str = "arrayfeed-read") -> None:
+    def __init__(
+        self,
+        limit: int,
+        most: int,
+        name: str = "arrayfeed-read",
+        on_cpu: Callable[[float], None] | None = None,
+    ) -> None:
+        #: Told the CPU seconds each task used (the tuner measures the readers' CPU).
+        self._on_cpu = on_cpu
         self._cond = threading.Condition()
         self._limit = max(1, limit)
         self._most = max(1, most)
@@ -157,10 +165,16 @@ class ReaderThreads:
                     self._start_if_needed()
                     cond.notify()
             if future.set_running_or_notify_cancel():
+                began, cpu = time.perf_counter(), time.thread_time()
                 try:
-                    future.set_result(fn(*args))
+                    result = fn(*args)
                 except BaseException as exc:
                     future.set_exception(exc)
+                else:  # how long it took, for the tuner (set before the result wakes a waiter)
+                    future.seconds = time.perf_counter() - began  # type: ignore[attr-defined]
+                    future.set_result(result)
+                if self._on_cpu is not None:
+                    self._on_cpu(time.thread_time() - cpu)
             del future, fn, args  # hold nothing between tasks
             with cond:  # then take the next task in this thread, if it may run
                 self._running -= 1
@@ -230,7 +244,8 @@ class EpochPass:
         self.pid = os.getpid()
         # Threads are started as reads are submitted, up to the most the tuner may ask for.
         if threads is None:
-            threads = ReaderThreads(feed.tuner.threads, feed.pool_threads)
+            tuner = feed.tuner
+            threads = ReaderThreads(tuner.threads, feed.pool_threads, on_cpu=tuner.read_cpu)
         self._pool = threads
 
     @property
@@ -378,8 +393,10 @@ def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any,
             steps, future = reading.pending.popleft()
             asked = time.perf_counter()
             group = future.result()
-            tuner.delivered(steps * batch, waited=time.perf_counter() - asked)
+            seconds = getattr(future, "seconds", None)
+            tuner.delivered(steps * batch, waited=time.perf_counter() - asked, seconds=seconds)
             yield group
+        tuner.pass_ended()
         feed.ahead.last_seconds = time.perf_counter() - began
         kept, after = after, None
     finally:

@@ -1,0 +1,234 @@
+"""How many groups are read at once, and by how many loaders: a small model of the read path.
+
+Each :class:`Window` the tuner measures gives what the consumer took (``X`` groups/s) and the
+share of its time it waited (``w``), how long a group took to read, and the cores the readers,
+the busiest loader and the consumer used. The setting follows from a few formulas over them,
+stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their inputs:
+
+1. Little's law: ``ceil(rate x L0 x (1 + MARGIN))`` groups in flight deliver ``rate``, where
+   ``L0`` is the latency measured with the fewest in flight (a read alone: one thread each).
+2. A consumer that does not wait (``w < WAITED``) sets the rate: its own, ``X / (1 - w)``.
+3. A consumer that waits: in flight doubles while each doubling delivers ``GROWTH`` x more
+   (a step a budget cut short, half its growth); the rate the first that does not reached is
+   the storage's, and formula 1 gives the fewest in flight that reach it.
+4. Budgets: the cores less the consumer's, over the cores a read in flight uses; the groups
+   the read-ahead memory holds; ``threads`` per reader.
+5. One interpreter: reads that queue (``GROWTH`` x a read alone's latency) in a loader busy
+   ``INTERPRETER`` of a core or more, with threads off the cores and half a core left: twice
+   the loaders are tried if the budgets allow ``GAIN`` x the rate, and kept if they deliver it
+   over ``TRIAL_WINDOWS`` windows (doubled again at once if they delivered ``PROPORTIONAL`` of
+   their number's worth).
+6. A settled rate that moves ``DRIFT`` x, or a consumer that starts or stops waiting, two
+   windows in a row: measured again from one thread each.
+
+Pure logic: no clock, no threads, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from .report import Bound
+from .windows import Window
+
+__all__ = ["Limits", "Model"]
+
+MARGIN = 0.1  # reads do not all take as long
+WAITED = 0.1  # the consumer waits when it waited this share of its time
+GROWTH = 1.25
+INTERPRETER = 0.5  # a lock held half the time: each holder waits as long as it holds it
+GAIN, TRIAL_WINDOWS, PROPORTIONAL = 1.15, 3, 0.75
+DRIFT = 1.5
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Usable ``cores``; groups in flight the read-ahead ``memory`` holds in all; ``threads``
+    per reader; ``processes``: the most loaders (0: none may be added)."""
+
+    cores: float
+    memory: int
+    threads: int
+    processes: int
+
+
+class Model:
+    """The setting of one feed, from the windows it is given (see the module docstring)."""
+
+    def __init__(self, threads: int, processes: int, limits: Limits) -> None:
+        self.threads, self.processes, self.limits = threads, processes, limits
+        self.bound, self.phase = Bound.MEASURING, "warm-up"  # grow, lower, trial, settled
+        self.windows = self.settled_after = 0
+        self.inputs: dict[str, float] = {}  # of the last decision (see Tuning)
+        self.last: Window | None = None
+        self.history: deque[tuple[int, int]] = deque(maxlen=256)  # settings, for benchmarks
+        self._floor: tuple[int, float] | None = None  # (fewest in flight, their latency)
+        self._best: Window | None = None
+        self._last: Window | None = None  # the last window of the growth
+        self._back: tuple[int, int, float, Window, int, Bound, dict[str, float]] | None = None
+        self._trial: list[Window] = []
+        self._tried: set[int] = set()  # loader counts that did not pay
+        self._reference: Window | None = None  # what the settled setting delivered
+        self._drifted = 0
+
+    def little(self, rate: float) -> int:
+        latency = self._floor[1] if self._floor is not None else 0.0
+        return max(1, math.ceil(rate * latency * (1 + MARGIN)))
+
+    def budgets(self, w: Window) -> tuple[int, Bound]:
+        loaders = max(1, self.processes)
+        most = min(
+            self.limits.memory - loaders, self.limits.threads * max(loaders, self.limits.processes)
+        )
+        per_read = w.cores(w.reader_cpu) / w.in_flight
+        cores = math.ceil(max(self._cpu_budget(w), 1.0) / per_read) if per_read > 0 else most
+        return (max(1, cores), Bound.CORES) if cores < most else (max(1, most), Bound.MEMORY)
+
+    def _cpu_budget(self, w: Window) -> float:
+        return self.limits.cores - w.cores(w.consumer_cpu)
+
+    def interpreter_bound(self, w: Window) -> bool:
+        if not self.processes or self._floor is None:
+            return False
+        queued = max(w.latency, w.in_flight / w.rate)  # (Little's law over the whole window)
+        busiest = w.cores(w.interpreter_cpu)
+        off_cores = min(w.threads - busiest, self._cpu_budget(w) - w.cores(w.reader_cpu))
+        return queued >= GROWTH * self._floor[1] and busiest >= INTERPRETER and off_cores >= 0.5
+
+    def _loaders_pay(self, w: Window, rate: float) -> bool:
+        """Whether twice the loaders may deliver GAIN x ``rate``, within the CPU and memory."""
+        count = min(self.limits.processes, 2 * self.processes)
+        if count <= self.processes or count in self._tried:
+            return False
+        most = [rate * count / self.processes]
+        if w.reader_cpu > 0:
+            most.append(self._cpu_budget(w) * w.groups / w.reader_cpu)
+        if self._floor is not None and self._floor[1] > 0:
+            most.append((self.limits.memory - count) / self._floor[1])
+        return min(most) >= GAIN * rate
+
+    def may_try_loader(self) -> bool:  # worth starting one ahead (Tuner.spare)
+        w = self.last
+        return (
+            self.phase == "grow"
+            and w is not None
+            and self.interpreter_bound(w)
+            and (self._loaders_pay(w, w.rate))
+        )
+
+    def observe(self, w: Window) -> None:
+        """Take a window measured at the current setting; may change the setting."""
+        self.windows, self.last = self.windows + 1, w
+        if self.phase != "warm-up":  # (caches warm, threads start: not counted)
+            if self._floor is None or w.in_flight < self._floor[0]:
+                self._floor = (w.in_flight, w.latency)
+            elif w.in_flight == self._floor[0]:
+                self._floor = (w.in_flight, min(self._floor[1], w.latency))
+            if self._best is None or w.rate > self._best.rate:
+                self._best = w
+        {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(
+            self.phase, self._decide
+        )(w)
+        self.history.append((self.threads, self.processes))
+
+    def _warm(self, w: Window) -> None:
+        self.phase = "grow"
+
+    def _decide(self, w: Window) -> None:
+        if self.phase == "lower":  # fewer for the consumer: kept unless it now waits
+            if w.wait_share >= WAITED and self._back is not None:
+                self._move(self._back[0] * max(1, self._back[1]))
+            return self._settle(Bound.CONSUMER, w)
+        if w.wait_share < WAITED:  # the consumer sets the pace
+            need = min(self.little(w.demand), self.budgets(w)[0])
+            self.inputs = self._inputs(w, w.demand, need)
+            if need >= w.in_flight:
+                return self._settle(Bound.CONSUMER, w)
+            self._back = (self.threads, self.processes, 0.0, w, 0, Bound.CONSUMER, {})
+            self.phase = "lower"
+            return self._move(need)
+        last, self._last = self._last, w
+        most, bound = self.budgets(w)
+        pays = GROWTH if last is None else min(GROWTH, 1 + (w.in_flight / last.in_flight - 1) / 2)
+        saturated = last is not None and w.rate < last.rate * pays
+        if not saturated and most > w.in_flight:
+            return self._double(w, most)
+        best = self._best or w
+        if saturated:
+            most, bound = min(most, self.little(best.rate)), Bound.LATENCY
+        self.inputs = self._inputs(best, best.rate, most)
+        if self.interpreter_bound(w):  # (the window with the most threads waiting)
+            rate = statistics.mean([w.rate, last.rate]) if saturated and last else w.rate
+            if self._loaders_pay(w, rate):
+                return self._try_loaders(w, rate, most, bound)
+            bound = Bound.INTERPRETER
+        self._move(most)
+        self._settle(bound, w)
+
+    def _double(self, w: Window, most: int) -> None:
+        target = min(2 * w.in_flight, most)
+        self.inputs = self._inputs(w, w.rate, target)
+        if self.processes:  # readers of more threads than they may hold: more loaders
+            self.processes = max(self.processes, -(-target // self.limits.threads))
+        self._move(target)
+
+    def _try_loaders(self, w: Window, rate: float, in_flight: int, bound: Bound) -> None:
+        """Twice the loaders, with the in flight twice the rate needs; else ``in_flight``."""
+        self._back = (self.threads, self.processes, rate, w, in_flight, bound, self.inputs)
+        count = min(self.limits.processes, 2 * self.processes)
+        target = min(self.little(rate * count / self.processes), self.budgets(w)[0])
+        self.processes, self.phase, self._trial = count, "trial", []
+        self._move(target)
+
+    def _judge(self, w: Window) -> None:
+        self._trial.append(w)
+        if len(self._trial) < TRIAL_WINDOWS:
+            return
+        assert self._back is not None
+        _, processes, before, window, in_flight, bound, inputs = self._back
+        rate = statistics.mean(t.rate for t in self._trial)
+        if rate < before * GAIN:  # back to the loaders there were
+            self._tried.add(self.processes)
+            self.processes, self.inputs = processes, inputs
+            self._move(in_flight)
+            return self._settle(bound, window)
+        self.phase, self._last = "grow", max(self._trial, key=lambda t: t.rate)
+        self._best = last = self._last
+        scaled = rate >= before * PROPORTIONAL * self.processes / processes
+        room = self._cpu_budget(last) - last.cores(last.reader_cpu) >= 1 - INTERPRETER
+        if scaled and room and self._loaders_pay(last, rate):  # interpreters still bind
+            return self._try_loaders(last, rate, last.in_flight, bound)
+        self._double(last, self.budgets(last)[0])
+
+    def _watch(self, w: Window) -> None:
+        ref = self._reference
+        assert ref is not None
+        moved = not ref.rate / DRIFT <= w.rate <= ref.rate * DRIFT
+        waits = (w.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
+        self._drifted = self._drifted + 1 if moved or waits else 0
+        if self._drifted >= 2:  # something changed: measure again, a read alone first
+            self.phase, self.bound, self._drifted, self.threads = "grow", Bound.MEASURING, 0, 1
+            self._floor, self._best, self._last, self._tried = None, None, None, set()
+
+    def _move(self, in_flight: int) -> None:
+        self.threads = max(1, min(self.limits.threads, -(-in_flight // max(1, self.processes))))
+
+    def _settle(self, bound: Bound, w: Window) -> None:
+        self.phase, self.bound, self._reference = "settled", bound, w
+        self.settled_after = self.windows
+
+    def _inputs(self, w: Window, rate: float, little: int) -> dict[str, float]:
+        latency = self._floor[1] if self._floor is not None else w.latency
+        return {
+            "rate": rate,
+            "latency": latency,
+            "wait_share": w.wait_share,
+            "reader_cores": w.cores(w.reader_cpu),
+            "consumer_cores": w.cores(w.consumer_cpu),
+            "interpreter_cores": w.cores(w.interpreter_cpu),
+            "little": little,
+            "budget": self.budgets(w)[0],
+        }
