@@ -251,6 +251,6 @@ def test_work_does_not_grow_with_the_rows() -> None:
         window_blocks=8,
     )
     resumed, (epoch, step) = plan.resumed(0, segments)
-    assert len(resumed.rest.pieces) <= 4  # type: ignore[union-attr]
+    assert resumed.rest is not None and len(resumed.rest.pieces) <= 4
     rows = resumed.indices(epoch, step, step + 2)
     assert len(rows) == 1024

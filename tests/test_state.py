@@ -286,7 +286,7 @@ def test_a_position_before_the_rest_has_no_state() -> None:
     new = af.batches(x, batch_size=5, seed=0, processes=0, resume=af.state(old, 0, 3))
     start = af.state(new)
     assert (start["epoch"], start["step"]) == (0, 6)  # 70 rows left: the last 14 of 20 steps
-    with pytest.raises(af.ResumeError, match=r"`step` \(5\) is before step 6"):
+    with pytest.raises(af.ConfigError, match=r"`step` \(5\) is before step 6"):
         af.state(new, 0, 5)
 
 

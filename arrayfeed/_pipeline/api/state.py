@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from ..._errors import ResumeError
+from ..._errors import ConfigError, ResumeError
 from ..._storage import Source
 from ..plan.elastic import Segment, first_step
 from ..plan.plan import Plan, check_position
@@ -58,7 +58,7 @@ def encode(feed: Feed, epoch: int, step: int) -> dict[str, Any]:
     history: list[dict[str, Any]] = []
     if rest is not None and rest.epoch == epoch:
         if step < rest.first_step:
-            raise ResumeError(
+            raise ConfigError(
                 f"`step` ({step}) is before step {rest.first_step}, where this worker's part of "
                 f"epoch {epoch} begins (the workers before the resume took the steps before it)."
             )
