@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from ..._errors import ConfigError, ResumeError
@@ -120,18 +120,13 @@ def resume_plan(state: Mapping[str, Any], plan: Plan, leaves: str) -> tuple[Plan
         )
     ours = {"rows": plan.n_rows, "seed": plan.seed, "shuffle": plan.mode.name, "leaves": leaves}
     kinds: dict[str, type] = {"rows": int, "seed": int, "shuffle": str, "leaves": str}
-    differ = [
-        f"{name} {state_value!r} in the state, {ours[name]!r} here"
-        for name in _IDENTITY
-        if (state_value := _field(state, name, kinds[name])) != ours[name]
-    ]
+    theirs = {name: _field(state, name, kinds[name]) for name in _IDENTITY}
+    differ = [name for name in _IDENTITY if theirs[name] != ours[name]]
     if differ:
-        what = "the arrays' names, row shapes or dtypes" if "leaves" in "".join(differ) else ""
-        raise ResumeError(
-            f"`resume` is the state of other data: {'; '.join(differ)}"
-            + (f" ({what} differ)" if what else "")
-            + f"; {_FIX}"
-        )
+        said = "; ".join(f"{n} {theirs[n]!r} in the state, {ours[n]!r} here" for n in differ)
+        if "leaves" in differ:
+            said += " (the arrays' names, row shapes or dtypes differ)"
+        raise ResumeError(f"`resume` is the state of other data: {said}; {_FIX}")
     epoch, step = _field(state, "epoch", int), _field(state, "step", int)
     history = [_segment(entry) for entry in _field(state, "history", list)]
     saved = _segment(state, 0)
@@ -159,7 +154,7 @@ def state_seed(state: Any) -> int:
 
 
 def _with_steps(segment: Segment, steps: int) -> Segment:
-    return Segment(**{**asdict(segment), "steps": steps})
+    return replace(segment, steps=steps)
 
 
 def _sharding(segment: Segment) -> tuple[int, int, bool]:
