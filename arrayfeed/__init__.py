@@ -22,12 +22,13 @@ from ._errors import (
     LoaderError,
     MapBatchError,
     OutputExistsError,
+    ResumeError,
     ShapeError,
     SourceNotFoundError,
     SourceUnavailableError,
     StructureError,
 )
-from ._pipeline.api.batches import Batches, batches, tuning
+from ._pipeline.api.batches import Batches, batches, state, tuning
 from ._pipeline.plan.shard import Shard
 from ._pipeline.tune.report import Bound, Tuning
 from ._storage import (
@@ -82,6 +83,7 @@ __all__ = [
     "MapBatchError",
     "OutputExistsError",
     "ResumeCallback",
+    "ResumeError",
     "ShapeError",
     "Shard",
     "Source",
@@ -99,6 +101,7 @@ __all__ = [
     "from_arrays",
     "inspect",
     "open_array",
+    "state",
     "tuning",
     "verify",
     "written_by_arrayfeed",

@@ -16,6 +16,7 @@ __all__ = [
     "LoaderError",
     "MapBatchError",
     "OutputExistsError",
+    "ResumeError",
     "ShapeError",
     "SourceNotFoundError",
     "SourceUnavailableError",
@@ -62,6 +63,12 @@ class LoaderError(ArrayfeedError, RuntimeError):
 
 class MapBatchError(ArrayfeedError, ValueError):
     """`map_batch` raised, or returned something inconsistent with its earlier results."""
+
+
+class ResumeError(ArrayfeedError, ValueError):
+    """A state given as ``resume=`` cannot resume this dataset: it was saved from another one
+    (other rows, seed, shuffle mode or arrays), by a newer arrayfeed, or is not a state at all.
+    The message says what differs."""
 
 
 class DestinationError(ArrayfeedError, OSError):

@@ -12,6 +12,8 @@ Routes:
   gradients and row counts across workers.
 - ``fit``: ``model.fit`` on ``from_arrays(shard="auto")`` (for Keras 3, which fails upstream under
   this strategy, keras-team/keras#20585, and for tf-keras with ``TF_USE_LEGACY_KERAS=1``).
+- ``elastic``: ``arrayfeed.distribute`` stopped after ``--stop-after`` steps with its state, or
+  resumed from ``--resume`` (a state another job saved, on another number of workers).
 
 stderr gets ``=== PHASE name ===`` markers, so the test can tell which phase logged a warning.
 """
@@ -39,15 +41,11 @@ def make_data(rows: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return {"id": np.arange(rows, dtype=np.int64), "features": features}, target
 
 
-def custom_loop(args: argparse.Namespace) -> dict[str, Any]:
+def make_train_step(strategy: Any, global_batch: int) -> Any:
+    """A step of a linear model whose every call all-reduces gradients and row counts: returns
+    the row ids of each local replica, the rows of the step over all workers, and the loss."""
     import tensorflow as tf
 
-    import arrayfeed as af
-
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    resolver = strategy.cluster_resolver
-    x, y = make_data(args.rows)
-    global_batch = args.global_batch
     with strategy.scope():
         kernel = tf.Variable(tf.zeros((4, 1)), aggregation=tf.VariableAggregation.MEAN)
 
@@ -69,6 +67,20 @@ def custom_loop(args: argparse.Namespace) -> dict[str, Any]:
         ids, global_rows, loss = strategy.run(step_fn, args=(batch,))
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
         return ids, strategy.experimental_local_results(global_rows)[0], loss
+
+    return train_step
+
+
+def custom_loop(args: argparse.Namespace) -> dict[str, Any]:
+    import tensorflow as tf
+
+    import arrayfeed as af
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = strategy.cluster_resolver
+    x, y = make_data(args.rows)
+    global_batch = args.global_batch
+    train_step = make_train_step(strategy, global_batch)
 
     def run_epochs(dist_dataset: Any) -> list[dict[str, Any]]:
         epochs = []
@@ -113,6 +125,37 @@ def custom_loop(args: argparse.Namespace) -> dict[str, Any]:
         ds = af.from_arrays(x, y, batch_size=global_batch, shard=None, seed=args.seed)
         next(iter(strategy.experimental_distribute_dataset(ds)))
     marker("end")
+    return result
+
+
+def elastic(args: argparse.Namespace) -> dict[str, Any]:
+    """``arrayfeed.distribute`` with ``resume=`` the state in ``--resume`` (if given): with
+    ``--stop-after K``, K steps of the first epoch and the state there; else the rest of the
+    first epoch and one more."""
+    import tensorflow as tf
+
+    import arrayfeed as af
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x, y = make_data(args.rows)
+    train_step = make_train_step(strategy, args.global_batch)
+    saved = None
+    if args.resume:
+        with open(args.resume) as f:
+            saved = json.load(f)
+    ds = af.distribute(strategy, x, y, global_batch_size=args.global_batch, seed=1, resume=saved)
+    start = af.state(ds)
+    result: dict[str, Any] = {"start": start, "epochs": []}
+    for epoch in range(start["epoch"], start["epoch"] + (1 if args.stop_after else 2)):
+        ids = []
+        for step, batch in enumerate(ds, 1):
+            per_replica_ids, _, _ = train_step(batch)
+            local = strategy.experimental_local_results(per_replica_ids)
+            ids.extend(i for t in local for i in t.numpy().tolist())
+            if step == args.stop_after:
+                result["state"] = af.state(ds, epoch, step)
+                break
+        result["epochs"].append({"epoch": epoch, "steps": step, "ids": ids})
     return result
 
 
@@ -195,15 +238,18 @@ def fit(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--route", choices=["loop", "fit"], required=True)
+    parser.add_argument("--route", choices=["loop", "fit", "elastic"], required=True)
     parser.add_argument("--rows", type=int, default=1001)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--control", action="store_true")
+    parser.add_argument("--stop-after", type=int, default=0)
+    parser.add_argument("--resume", default="")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    result = custom_loop(args) if args.route == "loop" else fit(args)
+    routes = {"loop": custom_loop, "fit": fit, "elastic": elastic}
+    result = routes[args.route](args)
     with open(args.out, "w") as f:
         json.dump(result, f)
 

@@ -375,3 +375,32 @@ def test_tf_keras_fit_under_multi_worker(tmp_path: Path) -> None:
         assert len(set(seen)) == len(seen) == rows - 1
     assert reports[0]["kernel"] == reports[1]["kernel"]
     assert reports[0]["loss"][-1] < 1e-2 < reports[0]["loss"][0]
+
+
+@pytest.mark.slow
+def test_multi_worker_job_stopped_then_resumed_on_one_and_on_three_workers(tmp_path: Path) -> None:
+    """Two MWMS workers stop after 5 steps of epoch 0 (global batch 60: 30 rows per worker);
+    the job goes on from their state on one worker (60 per step) and on three (20 each)."""
+    rows, stop = 1001, 5
+    common = ["--route", "elastic", "--rows", str(rows), "--global-batch", "60"]
+    (tmp_path / "first").mkdir()
+    first = check_ok(run_cluster(tmp_path / "first", 2, [*common, "--stop-after", str(stop)]))
+    states = [r["state"] for r in first]
+    assert states[0] == states[1] and (states[0]["epoch"], states[0]["step"]) == (0, stop)
+    taken = [i for r in first for i in r["epochs"][0]["ids"]]
+    assert len(taken) == len(set(taken)) == 2 * stop * 30
+    (tmp_path / "state.json").write_text(json.dumps(states[0]))
+    for workers in (1, 3):
+        run = tmp_path / f"on{workers}"
+        run.mkdir()
+        args = [*common, "--resume", str(tmp_path / "state.json")]
+        reports = check_ok(run_cluster(run, workers, args))
+        rest, after = zip(*(r["epochs"] for r in reports), strict=True)
+        assert len({e["steps"] for e in rest}) == 1  # equal steps on every worker
+        seen = taken + [i for e in rest for i in e["ids"]]
+        assert len(seen) == len(set(seen))  # none twice
+        # Left out: the row 2 workers leave out of 1001, and fewer than 60 of the rest.
+        assert rows - 1 - len(seen) < 60
+        assert all(e["epoch"] == 1 for e in after)  # then the new sharding's own epochs
+        later = [i for e in after for i in e["ids"]]
+        assert len(later) == len(set(later)) == workers * (rows // workers)

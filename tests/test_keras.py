@@ -182,3 +182,41 @@ def test_data_wait_in_fit_tells_an_input_bound_epoch_from_a_compute_bound_one(
 def test_data_wait_refuses_what_is_not_an_arrayfeed_dataset() -> None:
     with pytest.raises(TypeError, match=r"arrayfeed\.batches or arrayfeed\.from_arrays"):
         af.DataWait(np.zeros(3))
+
+
+def _fit_on(shard: Any, backup_dir: Path, preempt: bool) -> tuple[dict[int, list[np.ndarray]], Any]:
+    """One worker's process: the dataset resumes from the state saved in ``backup_dir``."""
+    seen: dict[int, list[np.ndarray]] = defaultdict(list)
+    epoch = [0]
+    backup = keras.callbacks.BackupAndRestore(str(backup_dir), save_freq=2)
+    saved = af.ResumeCallback.saved_state(backup)
+    x, y = _data()
+    ds = af.from_arrays(x, y, batch_size=BATCH, seed=3, shard=shard, resume=saved)
+    model = _model(seen, epoch)
+    callbacks = [EpochTracker(epoch), backup, af.ResumeCallback(ds, backup=backup)]
+    try:
+        model.fit(
+            ds, epochs=EPOCHS, verbose=0, callbacks=[*callbacks, *([Preempt(1, 2)] * preempt)]
+        )
+    except RuntimeError as exc:
+        assert "preempted" in str(exc)
+    return seen, af.ResumeCallback.saved_state(backup)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")
+def test_fit_preempted_on_two_workers_resumes_on_one_with_every_row_once(tmp_path: Path) -> None:
+    before, states = [], []
+    for k in range(2):  # each worker of the first run, preempted in epoch 1 after batch 2
+        seen, saved = _fit_on(af.Shard(2, k), tmp_path / f"backup{k}", preempt=True)
+        before.append(seen[1][:2])  # the backup (save_freq=2) holds batches 0..1 of epoch 1
+        states.append(saved)
+    assert states[0] == states[1] and (states[0]["epoch"], states[0]["step"]) == (1, 2)
+    # One worker now (shard="auto" would count one): Keras restores epoch 1 from the backup.
+    after, _ = _fit_on(None, tmp_path / "backup0", preempt=False)
+    assert sorted(after) == [1, 2]
+    rows = np.concatenate([*before[0], *before[1], *after[1]])
+    assert len(np.unique(rows)) == len(rows)  # none twice
+    assert len(rows) == N  # 2 x (30 - 16) rows left: 28 = 3 x 8 + 4, one worker's last steps
+    assert sorted(np.concatenate(after[2]).tolist()) == list(range(N))  # then whole epochs

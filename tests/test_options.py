@@ -24,6 +24,7 @@ KNOBS = [
     "num_threads",
     "start_epoch",
     "start_step",
+    "resume",
     "map_processes",
     "sparse",
     "storage_options",

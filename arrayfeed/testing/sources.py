@@ -406,4 +406,5 @@ class SourceTests:
         start, stop = plan.bounds
         assert len(np.unique(rows)) == len(rows) == plan.rows_per_epoch, "rows missed or repeated"
         assert start <= int(rows.min()) and int(rows.max()) < stop, "rows outside the shard"
-        assert cache.loads == order.count, f"{order.count} blocks read {cache.loads} times"
+        blocks = sum(len(order.window_blocks(w)[0]) for w in range(order.windows))
+        assert cache.loads == blocks, f"{blocks} blocks read {cache.loads} times"

@@ -5,5 +5,6 @@
 - :mod:`.batches`: :func:`~.batches.batches`, NumPy batches for any loop (no TensorFlow);
 - :mod:`.dataset`: :func:`~.dataset.from_arrays`, the tf.data glue;
 - :mod:`.keras`: the Keras callbacks; :mod:`.distribute`: ``tf.distribute`` strategies;
-- :mod:`.resume`: positions to checkpoint and resume from.
+- :mod:`.resume`: the feeds behind a dataset, for resuming;
+- :mod:`.state`: the states to checkpoint, and the plan that resumes from one.
 """

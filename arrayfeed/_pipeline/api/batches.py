@@ -5,6 +5,9 @@ The feed is built by :mod:`.build` from the same arguments as :func:`arrayfeed.f
 batches in the graph, :class:`Batches` splits it here into NumPy views of the group's buffer; a
 view keeps that buffer referenced, so the feed's :class:`~.read.BufferPool` never reuses it while
 any batch of the group is alive.
+
+:func:`tuning` and :func:`state` take a dataset of either entry point (or of
+:func:`arrayfeed.distribute`) and answer for its feed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..._forks import renew_after_fork
+from ..._validate import integer
 from ..plan.shard import Shard
 from ..read.feed import Feed
 from ..read.sparse import SparseFeed, to_scipy
@@ -23,8 +27,10 @@ from ..read.structure import flatten
 from ..tune.report import Tuning
 from .build import build_feed
 from .options import FeedArgs, takes_feed_args
+from .resume import distributed_of, feeds_of
+from .state import encode
 
-__all__ = ["Batches", "batches", "tuning"]
+__all__ = ["Batches", "batches", "state", "tuning"]
 
 
 @takes_feed_args
@@ -72,7 +78,8 @@ class Batches:
     Iterating it (``for batch in b``) yields the next epoch, from the position :meth:`seek`
     set, else after the last epoch started. :attr:`position` is where the batch after the last
     one yielded lies: save it with a checkpoint, and pass it back as ``start_epoch`` /
-    ``start_step`` (or to :meth:`seek`) to continue at the first batch not yet trained on.
+    ``start_step`` (or to :meth:`seek`) to continue at the first batch not yet trained on; or save
+    :meth:`state` and pass it back as ``resume=``, also to a job on another number of workers.
 
     It pickles (the arrays by path, as the feed does): the copy continues where the feed would.
     """
@@ -115,6 +122,25 @@ class Batches:
         """
         with self._lock:
             return self._position
+
+    def state(self) -> dict[str, Any]:
+        """The state at :attr:`position` to checkpoint: a small JSON-serialisable dict, the same
+        on every worker, that ``resume=`` takes to continue there, also on another number of
+        workers or with another batch size (see :func:`arrayfeed.state`).
+
+        >>> import numpy as np, arrayfeed as af
+        >>> b = af.batches(np.arange(10.0), batch_size=4, seed=0)
+        >>> first = next(iter(b))
+        >>> saved = b.state()
+        >>> saved["epoch"], saved["step"]
+        (0, 1)
+        >>> [len(x) for x in af.batches(np.arange(10.0), batch_size=4, seed=0, resume=saved)]
+        [4, 2]
+        """
+        return encode(self._feed, *self.position)
+
+    def _state_at(self, epoch: Any, step: Any) -> dict[str, Any]:
+        return encode(self._feed, epoch, step)
 
     def seek(self, epoch: int, step: int = 0) -> None:
         """Make the next iteration start at ``step`` of ``epoch`` (O(1): nothing is replayed)."""
@@ -194,3 +220,54 @@ def tuning(data: Any) -> Tuning:
         f"arrayfeed.tuning() takes what arrayfeed.batches or arrayfeed.from_arrays returned (or a "
         f"tf.data dataset made from one), not {type(data).__name__}"
     )
+
+
+def state(data: Any, epoch: int | None = None, step: int | None = None) -> dict[str, Any]:
+    """The state to checkpoint at ``(epoch, step)`` of ``data``, for ``resume=`` (the same dict
+    on every worker).
+
+    Args:
+        data: A dataset :func:`arrayfeed.from_arrays` returned (also behind ``map``,
+            ``prefetch`` …), what :func:`arrayfeed.batches` returned, or a dataset of
+            :func:`arrayfeed.distribute`.
+        epoch: The epoch of the next batch to train on; by default where the next iteration of
+            ``data`` starts (for a :class:`~arrayfeed.Batches`, its ``position``).
+        step: The step of that batch in ``epoch``, as ``data`` numbers them: an epoch's first
+            batch is step 0 and a resumed first iteration starts at the step this function gives
+            for it (its ``"step"``); ``len(data)`` is the end of the epoch. For a dataset of
+            :func:`arrayfeed.distribute`, the steps of the distributed dataset taken in the
+            iteration over ``epoch``, from 0.
+
+    Returns:
+        A small JSON-serialisable dict; see :doc:`/guide/resume`.
+
+    >>> import numpy as np, arrayfeed as af
+    >>> ds = af.batches(np.arange(100.0), batch_size=10, seed=0, shard=af.Shard(4, 1))
+    >>> saved = af.state(ds, epoch=2, step=1)        # worker 1 of 4 took one batch of epoch 2
+    >>> saved["epoch"], saved["step"], saved["workers"]
+    (2, 1, 4)
+    >>> resumed = af.batches(np.arange(100.0), batch_size=10, seed=0, shard=af.Shard(2, 0),
+    ...                      resume=saved)           # on 2 workers: 60 rows of epoch 2 are left
+    >>> af.state(resumed)["step"], len(resumed)      # worker 0 of 2 takes its last 3 steps of 5
+    (2, 5)
+    """
+    if isinstance(data, Batches):
+        return data.state() if epoch is None and step is None else data._state_at(epoch, step)
+    distributed = distributed_of(data)
+    feeds = [distributed.feed] if distributed is not None else feeds_of(data)
+    if len(feeds) != 1:
+        raise TypeError(
+            "arrayfeed.state() takes what arrayfeed.batches, from_arrays or distribute returned "
+            f"(or a tf.data dataset made from one), not {type(data).__name__}"
+        )
+    feed = feeds[0]
+    start = feed.next_position
+    if epoch is None and step is None:
+        return encode(feed, *start)
+    if epoch is None or step is None:
+        raise TypeError("arrayfeed.state() takes both `epoch` and `step`, or neither")
+    if distributed is not None:
+        epoch, step = integer(epoch, "epoch", low=0), integer(step, "step", low=0)
+        begins = distributed.start[1] if epoch == distributed.start[0] else 0
+        step = min(feed.plan.steps, begins + step * distributed.replicas)
+    return encode(feed, epoch, step)

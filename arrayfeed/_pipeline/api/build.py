@@ -28,6 +28,7 @@ from ..read.feed import Feed
 from ..read.sparse import SparseFeed, check_sparse
 from ..read.structure import Treedef, flatten
 from .options import FeedArgs
+from .state import leaves_digest, resume_plan, state_seed
 
 __all__ = ["Built", "ShardSpec", "build_feed", "check_map_batch", "resolve_shard", "sources_of"]
 
@@ -45,8 +46,11 @@ class Built:
     feed: Feed
     #: arrayfeed (not tf.data) does the sharding: the glue turns tf.data's auto-sharding off.
     sharded_by_us: bool
-    #: ``(start_epoch, start_step)``, validated; the feed's first epoch starts there.
+    #: ``(start_epoch, start_step)``, validated, or where ``resume`` starts; the feed's first
+    #: epoch starts there.
     start: tuple[int, int]
+    #: The start is where a state given as ``resume`` resumes.
+    resumed: bool = False
 
 
 def build_feed(
@@ -57,7 +61,8 @@ def build_feed(
     ``caller`` is the entry point's name, as messages cite it; ``shard_kinds`` lists the kinds of
     ``shard`` it accepts, for the message refusing any other. Checks run in a fixed order (the
     structure and arrays, ``shard``, ``shuffle``, the plan's arguments, ``num_threads``,
-    ``map_batch``, ``sparse``, ``processes`` and ``map_processes``, the start position, the seed needed to resume),
+    ``map_batch``, ``sparse``, ``processes`` and ``map_processes``, the start position, ``resume``, the
+    seed needed to resume),
     so a call with several mistakes reports the same one whichever entry point it went through.
     """
     x, y, seed, map_batch = args.x, args.y, args.seed, args.map_batch
@@ -68,6 +73,8 @@ def build_feed(
     mode = shuffle_mode(args.shuffle)
     chunks = [rows for rows in map(chunked_rows, sources) if rows]
     block_rows, window_blocks = mode.layout(chunks, row_bytes(sources))
+    if seed is None and args.resume is not None:
+        seed = state_seed(args.resume)  # a saved job's drawn seed resumes too
     plan = Plan(
         n_rows=len(sources[0]),
         batch_size=args.batch_size,
@@ -95,6 +102,13 @@ def build_feed(
     start = check_position(
         plan.steps, args.start_epoch, args.start_step, ("start_epoch", "start_step")
     )
+    if args.resume is not None:
+        if (args.start_epoch, args.start_step) != (0, 0):
+            raise ConfigError(
+                "`resume` and `start_epoch` / `start_step` both say where to start; give the "
+                "state as `resume` alone."
+            )
+        plan, start = resume_plan(args.resume, plan, leaves_digest(treedef, sources))
     if seed is None and mode.random and start != (0, 0):
         raise ConfigError(
             f"resuming at `start_epoch={start[0]}, start_step={start[1]}` needs the seed of the "
@@ -113,7 +127,7 @@ def build_feed(
     )
     feed.seed_drawn = seed is None
     feed.seek(*start)
-    return Built(feed, ours, start)
+    return Built(feed, ours, start, resumed=args.resume is not None)
 
 
 def sources_of(

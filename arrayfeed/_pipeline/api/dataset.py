@@ -63,7 +63,7 @@ def from_arrays(args: FeedArgs) -> tf.data.Dataset:
     built = build_feed(args, shard_kinds=_SHARD_KINDS)
     feed, start = built.feed, built.start
     ds = _dataset(feed, sharded_by_us=built.sharded_by_us, first_pass_short=start[1] > 0)
-    register(ds, feed)
+    register(ds, feed, start if built.resumed else None)
     guard_build_peeks()  # Keras' look at one batch before training must not use up an epoch
     serve_numpy_batches()  # Keras on JAX / torch: NumPy batches, not tf.data's eager iteration
     # The dataset object owns the feed: tf.data keeps the generator callable alive after the

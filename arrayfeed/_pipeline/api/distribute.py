@@ -18,6 +18,7 @@ from ..._errors import ConfigError
 from ..._validate import integer
 from .dataset import from_arrays
 from .options import check_forwarded
+from .resume import Distributed, feeds_of, register_distributed
 
 __all__ = ["distribute", "distributed_steps"]
 
@@ -55,7 +56,7 @@ def distribute(
             does not start a new iterator per epoch on a distributed dataset. Needs every epoch to
             end on a step boundary (see Raises).
         **from_arrays_kwargs: Any other option of :func:`from_arrays` (``shuffle``, ``seed``,
-            ``drop_remainder``, ``map_batch``, ``num_threads`` …, see
+            ``drop_remainder``, ``map_batch``, ``num_threads``, ``resume`` …, see
             :class:`~arrayfeed._pipeline.api.options.FeedArgs`); not ``batch_size`` or ``shard``,
             which this function sets.
 
@@ -90,6 +91,7 @@ def distribute(
     dataset = strategy.distribute_datasets_from_function(pipelines)
     if pipelines.steps:  # the strategy builds this worker's datasets eagerly
         _STEPS[dataset] = pipelines.steps[0]
+        register_distributed(dataset, pipelines.parts[0])
     return dataset
 
 
@@ -107,13 +109,15 @@ def _check_per_replica(global_batch: int, replicas: int) -> None:
 @dataclass
 class _Pipelines:
     """The dataset function :func:`distribute` gives the strategy: the dataset of each input
-    pipeline, and the steps per epoch of each built (only this worker's, in this process)."""
+    pipeline, and the steps per epoch and the feed of each built (only this worker's, in this
+    process)."""
 
     arrays: tuple[Any, Any, Any]
     global_batch: int
     repeat: bool
     options: dict[str, Any]
     steps: list[int] = field(default_factory=list)
+    parts: list[Distributed] = field(default_factory=list)
 
     def __call__(self, ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         ds = from_arrays(
@@ -131,6 +135,8 @@ class _Pipelines:
                 "`global_batch_size` or the number of rows, or set `repeat=False`."
             )
         self.steps.append(math.ceil(batches / local_replicas))
+        (feed,) = feeds_of(ds)
+        self.parts.append(Distributed(feed, feed.next_position, local_replicas))
         return ds.repeat() if self.repeat else ds
 
 

@@ -9,8 +9,11 @@ epoch at every ``on_epoch_begin``, so Keras step ``k`` of epoch ``e`` always tra
 
 With ``save_freq=<int>``, Keras 3.15 records the batch in its backup but restarts the
 interrupted epoch from its first batch (with the mid-epoch weights); the dataset follows Keras and
-also starts that epoch from its first batch. An exact mid-epoch resume is what
-``from_arrays(..., start_epoch=, start_step=)`` gives a custom training loop.
+also starts that epoch from its first batch. Given the ``BackupAndRestore`` callback too,
+:class:`ResumeCallback` saves the dataset's state beside each backup, at the same batches; a
+dataset built with that state as ``resume=`` starts the interrupted epoch where the backup was
+made (the rest of it dealt over the workers there are now), and Keras trains on it as a shorter
+epoch.
 
 On the JAX and torch backends, Keras reads a ``tf.data.Dataset`` by iterating it eagerly and
 converting every batch to NumPy; :func:`serve_numpy_batches` lets it take an arrayfeed dataset's
@@ -22,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +36,8 @@ import keras
 from ..._errors import ConfigError
 from ..read.sparse import SparseFeed
 from .batches import Batches
-from .resume import feeds_of, live_feeds
+from .resume import feeds_of, live_feeds, resumed_at
+from .state import encode
 
 __all__ = ["DataWait", "ResumeCallback", "guard_build_peeks", "serve_numpy_batches"]
 
@@ -175,11 +181,26 @@ class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
     After a restart, the new process builds the same dataset and model, calls the same ``fit``,
     and trains epoch ``E`` on the same batches as a run that was never interrupted.
 
+    To resume inside an epoch, also on another number of workers (``shard="auto"`` counts those
+    there are), give it the ``BackupAndRestore`` callback as ``backup``: the dataset's state is
+    saved beside each backup, and :meth:`saved_state` reads it back for ``resume=``::
+
+        backup = keras.callbacks.BackupAndRestore("backup/", save_freq=100)
+        train = af.from_arrays(x, y, batch_size=256, seed=0,
+                               resume=af.ResumeCallback.saved_state(backup))
+        model.fit(train, epochs=10, callbacks=[backup, af.ResumeCallback(train, backup=backup)])
+
+    The epoch the backup was made in then trains on the rest of it (a shorter epoch: Keras warns
+    that the input ran out of data), every row the interrupted run had not trained on once.
+
     Args:
         dataset: A dataset returned by :func:`arrayfeed.from_arrays`, or derived from one by
             transformations that keep one iteration = one epoch (``map``, ``prefetch``,
             ``with_options`` …; not ``repeat``, ``skip`` or ``take``). Each Keras epoch must be one
             full iteration: do not pass ``steps_per_epoch`` to ``fit``.
+        backup: The ``keras.callbacks.BackupAndRestore`` of the same ``fit``, listed before this
+            callback: the state is written to ``STATE_FILE`` in its ``backup_dir`` whenever it
+            saves (its ``save_freq``).
 
     >>> import numpy as np, arrayfeed as af
     >>> ds = af.from_arrays(np.zeros((10, 2)), np.zeros(10), batch_size=4, seed=0)
@@ -187,17 +208,29 @@ class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
     >>> callback.on_epoch_begin(3)  # what fit does; the next iteration of ds is epoch 3
     """
 
-    def __init__(self, dataset: Any) -> None:
+    #: The file in the backup directory that holds the dataset's state.
+    STATE_FILE = "arrayfeed_state.json"
+
+    def __init__(self, dataset: Any, backup: Any = None) -> None:
         super().__init__()
         self._feeds = feeds_of(dataset)
+        self._backup = backup
+        self._epoch, self._first = 0, 0  # the epoch running, and its first step
+        self._since_saved, self._last_batch = 0, 0  # as BackupAndRestore counts them
         if not self._feeds:
             raise ConfigError(
                 f"`dataset` ({type(dataset).__name__}) was not made by arrayfeed.from_arrays, nor "
                 "derived from such a dataset by tf.data transformations; pass the dataset that "
                 "from_arrays returned."
             )
+        if backup is not None and len(self._feeds) != 1:
+            raise ConfigError(
+                f"`backup` saves the state of one arrayfeed dataset, but `dataset` is made of "
+                f"{len(self._feeds)}; pass one dataset of from_arrays, or no `backup`."
+            )
         for feed in self._feeds:
-            if feed.seed_drawn and feed.plan.mode.random:
+            # A saved state carries the seed (resume= takes it when `seed=None`).
+            if feed.seed_drawn and feed.plan.mode.random and backup is None:
                 raise ConfigError(
                     "ResumeCallback needs a dataset with a fixed seed: this one was built with "
                     "`seed=None`, so a restarted process would draw another seed and train on "
@@ -214,9 +247,51 @@ class ResumeCallback(keras.callbacks.Callback):  # type: ignore[misc]
                     "drop `steps_per_epoch` from fit (or set it to len(dataset))."
                 )
 
+    @classmethod
+    def saved_state(cls, backup: Any) -> dict[str, Any] | None:
+        """The state the callback saved with ``backup`` (a ``BackupAndRestore`` or its
+        directory), for ``resume=``; None when there is none (a first run)."""
+        path = os.path.join(getattr(backup, "backup_dir", backup), cls.STATE_FILE)
+        try:
+            with open(path) as f:
+                saved: dict[str, Any] = json.load(f)
+        except FileNotFoundError:
+            return None
+        return saved
+
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         for feed in self._feeds:
-            feed.seek(epoch, 0)
+            # A dataset built with `resume=` starts its epoch where the state said.
+            start = resumed_at(feed)
+            self._first = start[1] if start is not None and start[0] == epoch else 0
+            feed.seek(epoch, self._first)
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        freq = getattr(self._backup, "save_freq", "epoch")
+        if not isinstance(freq, int):
+            return
+        # BackupAndRestore's own count (keras/src/callbacks/backup_and_restore.py), so that a
+        # state is saved at every batch where weights are.
+        self._since_saved += batch + 1 if batch <= self._last_batch else batch - self._last_batch
+        self._last_batch = batch
+        if self._since_saved >= freq:
+            self._since_saved = 0
+            self._save(self._epoch, self._first + batch + 1)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._last_batch = 0
+        if self._backup is not None and self._backup.save_freq == "epoch":
+            self._save(epoch + 1, 0)
+
+    def _save(self, epoch: int, step: int) -> None:
+        """Write the dataset's state at ``(epoch, step)`` beside the backup, whole or not at all."""
+        directory = self._backup.backup_dir
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, self.STATE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(encode(self._feeds[0], epoch, step), f)
+        os.replace(path + ".tmp", path)
 
 
 class DataWait(keras.callbacks.Callback):  # type: ignore[misc]

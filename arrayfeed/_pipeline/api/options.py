@@ -88,6 +88,17 @@ class FeedArgs:
             there on, and later ones whole epochs. A saved :attr:`Batches.position` is passed
             back as ``(start_epoch, start_step)``; for Keras, use
             :class:`arrayfeed.ResumeCallback` instead.
+        resume: A state saved from the same data (:meth:`Batches.state`,
+            :func:`arrayfeed.state`): the first iteration starts at the batch after the last
+            one the saved job took, on this job's workers. With the workers, batch size and
+            ``drop_remainder`` of the saved job, that is the stream the saved job would have
+            gone on with; with others (a job restarted on fewer or more workers), the rest of
+            the saved epoch is dealt over this job's workers, every row the saved job had not
+            taken once, and every worker the same steps (the rest is the last steps of the
+            epoch; fewer than workers x ``batch_size`` rows of it are left out); later epochs
+            are this job's own. ``seed=None`` takes the state's seed. A state of other data, seed
+            or shuffle mode is a :class:`~arrayfeed.ResumeError`. Not with ``start_epoch`` /
+            ``start_step``.
         map_processes: The older name of ``processes`` for a ``map_batch`` that holds the GIL (a
             Python loop per row: crops, tokenising, decoding): ``map_processes=N`` is
             ``processes=N``, whose loaders read and map. Needs ``map_batch``.
@@ -132,6 +143,7 @@ class FeedArgs:
     num_threads: int | None = None
     start_epoch: int = 0
     start_step: int = 0
+    resume: Mapping[str, Any] | None = None
     map_processes: int | None = None
     sparse: bool = False
     storage_options: Mapping[str, Any] | None = None

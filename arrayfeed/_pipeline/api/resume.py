@@ -1,4 +1,4 @@
-"""Resuming: the feeds behind a dataset, for the Keras integration.
+"""Resuming: the feeds behind a dataset, for the Keras integration and :func:`arrayfeed.state`.
 
 The plan is seekable (:func:`arrayfeed._pipeline.plan.plan.check_position`), so starting at step ``S``
 of epoch ``E`` costs O(1). :class:`arrayfeed.ResumeCallback` moves a live dataset to Keras' epoch.
@@ -13,19 +13,64 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..read.feed import Feed
 
-__all__ = ["feeds_of", "live_feeds", "register"]
+__all__ = [
+    "Distributed",
+    "distributed_of",
+    "feeds_of",
+    "live_feeds",
+    "register",
+    "register_distributed",
+    "resumed_at",
+]
 
 _FEEDS: weakref.WeakKeyDictionary[Any, Feed] = weakref.WeakKeyDictionary()
+#: Where the feeds of datasets built with ``resume=`` first started.
+_RESUMED: weakref.WeakKeyDictionary[Feed, tuple[int, int]] = weakref.WeakKeyDictionary()
 
 
-def register(dataset: Any, feed: Feed) -> None:
-    """Remember that ``dataset`` is fed by ``feed``."""
+@dataclass(frozen=True)
+class Distributed:
+    """This worker's part of a dataset of :func:`arrayfeed.distribute`: its feed, where that
+    first started, and the batches (one per local replica) each step takes."""
+
+    feed: Feed
+    start: tuple[int, int]
+    replicas: int
+
+
+_DISTRIBUTED: weakref.WeakKeyDictionary[Any, Distributed] = weakref.WeakKeyDictionary()
+
+
+def register(dataset: Any, feed: Feed, resumed: tuple[int, int] | None = None) -> None:
+    """Remember that ``dataset`` is fed by ``feed`` (first started at ``resumed`` by
+    ``resume=``, if it was)."""
     _FEEDS[dataset] = feed
+    if resumed is not None:
+        _RESUMED[feed] = resumed
+
+
+def resumed_at(feed: Feed) -> tuple[int, int] | None:
+    """Where ``feed`` first started, if it was built with ``resume=``."""
+    return _RESUMED.get(feed)
+
+
+def register_distributed(dataset: Any, part: Distributed) -> None:
+    """Remember this worker's part of a dataset of :func:`arrayfeed.distribute`."""
+    _DISTRIBUTED[dataset] = part
+
+
+def distributed_of(dataset: Any) -> Distributed | None:
+    """This worker's part of ``dataset``, a dataset of :func:`arrayfeed.distribute` (else None)."""
+    try:
+        return _DISTRIBUTED.get(dataset)
+    except TypeError:  # not weak-referenceable or not hashable: not ours
+        return None
 
 
 def live_feeds() -> list[Feed]:

@@ -21,11 +21,16 @@ Layout of one epoch on worker ``k`` of ``K``:
    positions of the epoch (different rows each epoch when shuffling). Inside a batch, rows come in
    storage order: which rows form a batch is random, their order inside it is not (a loss, a
    batch norm or in-batch negatives do not depend on it), and sorted reads are sequential.
+
+A plan resumed from another sharding (:meth:`Plan.resumed`) holds a :class:`~.elastic.Rest`:
+its epoch ``rest.epoch`` is the rest of that epoch as the earlier workers left it, in the
+plan's last steps (see :mod:`.elastic`); every other epoch is laid out as above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -33,20 +38,12 @@ import numpy.typing as npt
 
 from ..._errors import ConfigError
 from ..._validate import integer
-from .shard import Shard
+from .elastic import Rest, RestOrder, Segment, deal, epoch_steps
+from .shard import Shard, shard_bounds
 from .shuffles import BlockOrder, Shuffle, Span, block_layout, shuffle_mode
 
 # block_layout: where the benchmarks have always imported it from.
 __all__ = ["Plan", "block_layout", "check_position", "shard_bounds"]
-
-
-def shard_bounds(n_rows: int, shard: Shard) -> tuple[int, int]:
-    """``(start, stop)`` of shard ``shard.index`` when ``n_rows`` rows are split ``shard.count`` ways.
-
-    >>> [shard_bounds(10, Shard(3, k)) for k in range(3)]
-    [(0, 3), (3, 6), (6, 10)]
-    """
-    return (n_rows * shard.index) // shard.count, (n_rows * (shard.index + 1)) // shard.count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +59,9 @@ class Plan:
     seed: int = 0
     block_rows: int = 1
     window_blocks: int = 1
+    #: The rest of an epoch begun by other workers, which this plan's last steps of that epoch
+    #: take (:meth:`resumed`); None: every epoch is this plan's own.
+    rest: Rest | None = None
     #: The shuffle mode itself (:mod:`.shuffles`), which the rest of the package asks.
     mode: Shuffle = field(init=False, repr=False, compare=False)
     #: What the mode needs to know of this plan.
@@ -76,7 +76,7 @@ class Plan:
         mode = shuffle_mode(self.shuffle)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "shuffle", mode.name)
-        start, stop = self.bounds
+        start, stop = shard_bounds(self.n_rows, self.shard)
         shard, blocks = self.shard, (self.block_rows, self.window_blocks)
         span = Span(start, stop, self.seed, shard.index, shard.count, *blocks)
         object.__setattr__(self, "span", span)
@@ -95,8 +95,46 @@ class Plan:
 
     @property
     def bounds(self) -> tuple[int, int]:
-        """``(start, stop)`` of this worker's contiguous row range."""
-        return shard_bounds(self.n_rows, self.shard)
+        """``(start, stop)`` of the rows this worker reads: its contiguous row range, and the
+        rows of the :attr:`rest` it takes, if any."""
+        start, stop = shard_bounds(self.n_rows, self.shard)
+        if self.rest is None:
+            return start, stop
+        lo, hi = self.rest.bounds
+        return min(start, lo), max(stop, hi)
+
+    @property
+    def segment(self) -> Segment:
+        """This plan's sharding, as a resumed plan's history records it (no steps taken)."""
+        return Segment(
+            workers=self.shard.count,
+            batch_size=self.batch_size,
+            drop_remainder=self.drop_remainder,
+            block_rows=self.block_rows,
+            window_blocks=self.window_blocks,
+        )
+
+    def resumed(self, epoch: int, segments: Sequence[Segment]) -> tuple[Plan, tuple[int, int]]:
+        """This plan taking over ``epoch`` from ``segments`` (the first began it; each took
+        ``steps`` batches): the plan whose epoch ``epoch`` is the rest they left (see
+        :mod:`.elastic`), and the position ``(epoch, step)`` where that rest begins, or
+        ``(epoch + 1, 0)`` when nothing is left for this sharding to take."""
+        rest = deal(
+            n_rows=self.n_rows,
+            seed=self.seed,
+            epoch=epoch,
+            segments=segments,
+            to=self.segment,
+            index=self.shard.index,
+        )
+        if rest is None:
+            return replace(self, rest=None), (epoch + 1, 0)
+        return replace(self, rest=rest), (epoch, rest.first_step)
+
+    def first_step(self, epoch: int) -> int:
+        """The first step of ``epoch`` this worker takes: 0, or where the rest begins."""
+        rest = self.rest
+        return rest.first_step if rest is not None and rest.epoch == epoch else 0
 
     @property
     def window_rows(self) -> int:
@@ -111,8 +149,7 @@ class Plan:
     @property
     def steps(self) -> int:
         """Batches per epoch; the same on every worker."""
-        full, rest = divmod(self.rows_per_epoch, self.batch_size)
-        return full + (1 if rest and not self.drop_remainder else 0)
+        return epoch_steps(self.rows_per_epoch, self.batch_size, self.drop_remainder)
 
     def batch_rows(self, step: int) -> int:
         """Number of rows in batch ``step``."""
@@ -153,7 +190,10 @@ class Plan:
             )
         else:
             rows = out
-        self.mode.fill(self.span, epoch, start_step * self.batch_size, rows)
+        if self.rest is not None and epoch == self.rest.epoch:
+            self.rest.fill(self.mode, start_step * self.batch_size, rows)
+        else:
+            self.mode.fill(self.span, epoch, start_step * self.batch_size, rows)
         if self.mode.random:
             # Storage order within each batch: the permutation decides which rows form a batch;
             # the order inside a batch carries no randomness a loss can use, and sorted reads are
@@ -163,8 +203,11 @@ class Plan:
             rows[full:].sort()
         return rows
 
-    def block_order(self, epoch: int) -> BlockOrder:
-        """The block order of ``epoch`` (``shuffle="block"``): where every block and row goes."""
+    def block_order(self, epoch: int) -> BlockOrder | RestOrder:
+        """The block order of ``epoch`` (``shuffle="block"``): where every block and row goes
+        (the windows of the rest, in a resumed epoch)."""
+        if self.rest is not None and epoch == self.rest.epoch:
+            return self.rest.order()
         return BlockOrder(self.span, epoch)
 
     def _check_step(self, step: int) -> None:

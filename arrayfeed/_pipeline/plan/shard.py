@@ -22,6 +22,7 @@ __all__ = [
     "SLURM_STEP_TASKS",
     "TORCH_RANK_PAIR",
     "Shard",
+    "shard_bounds",
 ]
 
 #: ``(launcher, rank variable, size variable)`` that :meth:`Shard.from_env` reads, and TF_CONFIG.
@@ -266,3 +267,12 @@ def _from_tf_config(env: Mapping[str, str]) -> tuple[str, Shard] | None:
     chiefs, workers = sizes.get("chief", 0), sizes.get("worker", 0)
     position = index if task_type == "chief" else chiefs + index
     return what, Shard(chiefs + workers, position)
+
+
+def shard_bounds(n_rows: int, shard: Shard) -> tuple[int, int]:
+    """``(start, stop)`` of shard ``shard.index`` when ``n_rows`` rows are split ``shard.count`` ways.
+
+    >>> [shard_bounds(10, Shard(3, k)) for k in range(3)]
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    return (n_rows * shard.index) // shard.count, (n_rows * (shard.index + 1)) // shard.count

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,7 @@ __all__ = [
     "Shuffle",
     "Span",
     "StorageOrder",
+    "WindowOrder",
     "block_layout",
     "shuffle_mode",
 ]
@@ -204,6 +205,35 @@ def block_layout(chunk_rows: list[int], row_bytes: int) -> tuple[int, int]:
     return block_rows, max(2, WINDOW_BYTES // (block_rows * row_bytes))
 
 
+class WindowOrder(Protocol):
+    """What a reader holding whole windows of blocks asks of an epoch's order
+    (:class:`~.blocks.WindowCache`): a :class:`BlockOrder`, or the windows of a resumed
+    epoch's rest (:class:`~.elastic.RestOrder`)."""
+
+    #: Subtracted from what :meth:`blocks_of` gives before :meth:`locate`.
+    first: int
+
+    @property
+    def windows(self) -> int: ...
+
+    def blocks_of(self, rows: Int64s) -> Int64s:
+        """The block number of each of ``rows`` (equal for the rows of one block)."""
+        ...
+
+    def window_at(self, position: int) -> int:
+        """The window holding epoch position ``position``."""
+        ...
+
+    def window_blocks(self, window: int) -> tuple[Int64s, Int64s]:
+        """Storage row ranges ``[lo, hi)`` of the blocks of ``window``, in packed order."""
+        ...
+
+    def locate(self, blocks: Int64s) -> tuple[Int64s, Int64s]:
+        """``(window, shift)`` of each of ``blocks``: row ``r`` is at ``r + shift`` in the packed
+        layout of ``window``."""
+        ...
+
+
 class BlockOrder:
     """The block order of one epoch on one worker (see the module docstring). O(window) memory.
 
@@ -248,6 +278,11 @@ class BlockOrder:
     def windows(self) -> int:
         """Number of windows."""
         return -(-self.count // self.width)
+
+    def blocks_of(self, rows: Int64s) -> Int64s:
+        """The storage block of each of ``rows``."""
+        blocks: Int64s = rows // self.size
+        return blocks
 
     def window_at(self, position: int) -> int:
         """The window holding epoch position ``position``."""

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from ..._dtypes import native_dtype
 from ..._forks import renew_after_fork
 from ..._storage import Prefetch, ReadPiecesInto, ReadRangeInto, Source
-from ..plan.shuffles import BlockOrder
+from ..plan.shuffles import WindowOrder
 from .rows import BufferPool
 
 __all__ = ["LOCATED", "UNITS_PER_BLOCK", "WindowCache"]
@@ -106,7 +106,7 @@ class WindowCache:
     """
 
     def __init__(
-        self, source: Source, order: BlockOrder, capacity: int, pool: BufferPool | None = None
+        self, source: Source, order: WindowOrder, capacity: int, pool: BufferPool | None = None
     ) -> None:
         self.source = source
         self.order = order
@@ -150,7 +150,7 @@ class WindowCache:
         """
         if not len(indices):
             return
-        blocks = indices // self.order.size
+        blocks = self.order.blocks_of(indices)
         # Runs of rows from one block: few, since every batch is in storage order.
         starts = np.concatenate(([0], np.flatnonzero(blocks[1:] != blocks[:-1]) + 1))
         run_blocks = blocks[starts]
