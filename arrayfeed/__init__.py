@@ -7,6 +7,7 @@ or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch.
 (4, 4)
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._bench import BenchReport, bench
@@ -19,6 +20,7 @@ from ._errors import (
     CorruptDataError,
     DestinationError,
     DtypeError,
+    ExtraNotInstalledError,
     LoaderError,
     MapBatchError,
     OutputExistsError,
@@ -47,22 +49,48 @@ if TYPE_CHECKING:
     from ._pipeline.api.keras import DataWait, ResumeCallback
 
 
+#: Names that need TensorFlow (the ``tensorflow`` extra), and the modules that define them:
+#: imported on first use, so that ``batches``, ``convert``, the command line and the loaders
+#: start fast and run without it.
+_WITH_TENSORFLOW = {
+    "from_arrays": "dataset",
+    "distribute": "distribute",
+    "distributed_steps": "distribute",
+    "ResumeCallback": "keras",
+    "DataWait": "keras",
+}
+#: How to install it, into one's own project and into a clone.
+INSTALL_TENSORFLOW = (
+    "python -m pip install 'arrayfeed[tensorflow]' (from a clone of arrayfeed: "
+    "python -m pip install -e '.[tensorflow]')"
+)
+
+
 def __getattr__(name: str) -> Any:
-    # TensorFlow is imported on first use of `from_arrays` (or `distribute`), so that the CLI,
-    # conversion and `batches` (which do not need it) start fast and run without it.
-    if name == "from_arrays":
-        from ._pipeline.api.dataset import from_arrays
+    if name not in _WITH_TENSORFLOW:
+        raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"._pipeline.api.{_WITH_TENSORFLOW[name]}", __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] not in ("tensorflow", "keras"):
+            raise
+        return _needs_tensorflow(name, exc)
+    return getattr(module, name)
 
-        return from_arrays
-    if name in ("distribute", "distributed_steps"):
-        from ._pipeline.api import distribute as _distribute
 
-        return getattr(_distribute, name)
-    if name in ("ResumeCallback", "DataWait"):
-        from ._pipeline.api import keras as _keras
+def _needs_tensorflow(name: str, missing: ModuleNotFoundError) -> Any:
+    """A stand-in for ``name`` that raises :class:`ExtraNotInstalledError` when used."""
 
-        return getattr(_keras, name)
-    raise AttributeError(f"module 'arrayfeed' has no attribute {name!r}")
+    def needs_tensorflow(*args: Any, **kwargs: Any) -> Any:
+        raise ExtraNotInstalledError(
+            f"`arrayfeed.{name}` needs TensorFlow ({missing.name!r} is not installed): "
+            f"{INSTALL_TENSORFLOW}. `arrayfeed.batches` gives the same batches as NumPy arrays "
+            "without it."
+        ) from missing
+
+    needs_tensorflow.__name__ = needs_tensorflow.__qualname__ = name
+    needs_tensorflow.__doc__ = f"``arrayfeed.{name}``: needs TensorFlow ({INSTALL_TENSORFLOW})."
+    return needs_tensorflow
 
 
 __all__ = [
@@ -77,6 +105,7 @@ __all__ = [
     "DataWait",
     "DestinationError",
     "DtypeError",
+    "ExtraNotInstalledError",
     "GatherInto",
     "InspectReport",
     "LoaderError",

@@ -1,6 +1,6 @@
 """Measure how fast arrayfeed reads the user's own arrays, and suggest what would be faster.
 
-``bench(arrays)`` times one pass of ``from_arrays`` over the arrays for each shuffle mode (capped
+``bench(arrays)`` times one pass of ``batches`` over the arrays for each shuffle mode (capped
 by a time budget), plus the storage's own ceiling for chunked arrays (every chunk-aligned slab read
 once, in order), and turns the figures into advice: which ``shuffle`` mode to use, and the
 ``arrayfeed convert`` command to run when the layout itself is the bottleneck.
@@ -42,7 +42,7 @@ class BenchReport:
     rows: int
     row_bytes: int
     batch_size: int
-    #: Rows/s of ``from_arrays`` per shuffle mode ("none", "full", "block").
+    #: Rows/s of ``batches`` per shuffle mode ("none", "full", "block").
     modes: dict[str, float]
     #: Rows/s of reading every chunk-aligned slab once, in order, with the storage library.
     ceiling: float | None
@@ -58,7 +58,7 @@ class BenchReport:
             f"{'reading':34} {'rows/s':>12}",
         ]
         for mode, rate in self.modes.items():
-            line = f"{'from_arrays(shuffle=' + repr(mode) + ')':34} {rate:>12,.0f}"
+            line = f"{'batches(shuffle=' + repr(mode) + ')':34} {rate:>12,.0f}"
             tuned = self.tuning.get(mode)
             if tuned is not None:
                 line += f"  {_setting(tuned)}"
@@ -90,10 +90,11 @@ def _setting(tuned: Tuning) -> str:
 def _timed_pass(
     x: dict[str, Source], batch_size: int, shuffle: bool | str, seconds: float
 ) -> tuple[float, Tuning]:
-    from ._pipeline.api.batches import tuning
-    from ._pipeline.api.dataset import from_arrays
+    from ._pipeline.api.batches import batches, tuning
 
-    ds = from_arrays(x, batch_size=batch_size, shuffle=shuffle, seed=0, shard=None)
+    # NumPy batches, as a JAX or PyTorch loop takes them: no TensorFlow in the command line (the
+    # same reading as from_arrays, less tf.data's hand-over of each batch).
+    ds = batches(x, batch_size=batch_size, shuffle=shuffle, seed=0, shard=None)
     first_key = sorted(x)[0]
     it = iter(ds)
     next(it)  # start-up (iterator, threads, first read) is not throughput
@@ -128,7 +129,8 @@ def bench(
     modes: tuple[str, ...] = (FULL.name, BLOCK.name, STORAGE_ORDER.name),
     storage_options: Mapping[str, Any] | None = None,
 ) -> BenchReport:
-    """Time ``from_arrays`` over ``arrays`` (name -> array-like or path) for each shuffle mode.
+    """Time :func:`arrayfeed.batches` over ``arrays`` (name -> array-like or path) for each
+    shuffle mode (NumPy batches: no TensorFlow).
 
     ``arrays`` may also be one path or a list of them, read as ``arrayfeed bench`` reads its
     arguments (:func:`arrays_at`): ``"store.zarr:x"`` measures that array alone, a whole HDF5
@@ -161,7 +163,7 @@ def bench(
             f"{batch_size}; measure more data or a smaller batch (--batch-size)."
         )
     bytes_per_row = row_bytes(sources.values())
-    # Keyed by each mode's name; a mode is parsed just before its pass, as from_arrays would.
+    # Keyed by each mode's name; a mode is parsed just before its pass, as batches would.
     passes = {
         shuffle_mode(mode).name: _timed_pass(sources, batch_size, mode, seconds) for mode in modes
     }

@@ -71,6 +71,11 @@ class ResumeError(ArrayfeedError, ValueError):
     The message says what differs."""
 
 
+class ExtraNotInstalledError(ArrayfeedError, ImportError):
+    """A part of arrayfeed that needs an optional dependency was used without it installed; the
+    message gives the install command."""
+
+
 class DestinationError(ArrayfeedError, OSError):
     """The output of a conversion cannot be written (read-only directory, full disk …)."""
 

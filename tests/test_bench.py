@@ -21,7 +21,7 @@ def test_bench_measures_every_mode(tmp_path: Path) -> None:
     assert all(rate > 0 for rate in report.modes.values())
     assert report.rows == 4000 and report.row_bytes == 32 and report.ceiling is None
     text = report.format()
-    assert "from_arrays(shuffle='block')" in text and "4,000 rows of 32 bytes" in text
+    assert "batches(shuffle='block')" in text and "4,000 rows of 32 bytes" in text
     # How each pass read: the groups read at once, what bound them, and the data wait.
     assert set(report.tuning) == set(report.modes)
     assert all(t.tuned and t.threads >= 1 for t in report.tuning.values())

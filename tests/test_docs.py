@@ -1,7 +1,8 @@
 """The documentation stays true: the user guide's code runs, the README is a short front door
 whose links resolve, and code comments that point at the performance page name its headings.
 
-Every ```python block of a page under ``docs/`` runs, in order, in one fresh process per page,
+Every ```python block of the README and of a page under ``docs/`` runs, in order, in one fresh
+process per page,
 in an empty directory (pages make the small files they read). A block that cannot run here
 (it needs a GPU, a cluster or a bucket) says so in its fence: ```python skip <why>.
 """
@@ -72,7 +73,9 @@ for line, code in blocks:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "page", [p for p in PAGES if python_blocks(p)[0]], ids=lambda p: str(p.relative_to(DOCS))
+    "page",
+    [p for p in [README, *PAGES] if python_blocks(p)[0]],
+    ids=lambda p: str(p.relative_to(REPO_ROOT)),
 )
 def test_the_python_blocks_of_a_page_run(page: Path, tmp_path: Path) -> None:
     blocks, _ = python_blocks(page)
@@ -109,7 +112,7 @@ def test_the_fence_parser_finds_run_and_skipped_blocks(tmp_path: Path) -> None:
 # -- the README -----------------------------------------------------------------------------------
 def test_the_readme_is_a_short_front_door() -> None:
     text = README.read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 120
     # The two set-up commands, unchanged, and the one that builds these pages.
     assert 'python -m pip install -e ".[test]" && python examples/demo.py' in text
     assert "\npython -m pytest\n" in text
@@ -117,7 +120,7 @@ def test_the_readme_is_a_short_front_door() -> None:
         'python -m pip install -e ".[docs]" && python -m sphinx -W -b html docs docs/_build/html'
         in text
     )
-    for needed in ("from_arrays", "model.fit", "af.batches", "af.convert", "performance.md"):
+    for needed in ("from_arrays", "model.fit", "af.batches", "arrayfeed convert", "performance.md"):
         assert needed in text, needed
 
 

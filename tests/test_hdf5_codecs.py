@@ -182,7 +182,7 @@ def test_without_imagecodecs_lzf_reads_through_h5py(
     path = tmp_path / "a.h5"
     _write(path, _values("float32", (40, 5)), (8, 5), {"compression": "lzf"})
     src = _source(path)
-    assert "arrayfeed[hdf5-codecs]" in src.read_path
+    assert "imagecodecs>=2025.8.2" in src.read_path
     np.testing.assert_array_equal(src.read_run(0, 40), _reference(path))
     assert isinstance(pipeline([(32000, (4, 261, 160), "lzf")], 4), str)
     # gzip is decoded here either way: by zlib without imagecodecs (libdeflate with it).

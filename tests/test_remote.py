@@ -353,7 +353,7 @@ def test_inspect_and_bench_and_the_command_line(
     assert main(["inspect", url, *option]) == 0
     assert f"{url}: Zarr v3" in capsys.readouterr().out
     assert main(["bench", f"x={url}:x", "--seconds", "0.1", *option]) == 0
-    assert "from_arrays(shuffle='block')" in capsys.readouterr().out
+    assert "batches(shuffle='block')" in capsys.readouterr().out
     out = f"s3://{bucket}/cli.zarr"
     assert main(["convert", f"y={url}:y", "-o", out, "-q", *option]) == 0
     assert main(["verify", out, "-q", *option]) == 0

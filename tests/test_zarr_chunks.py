@@ -221,7 +221,7 @@ def test_crc32c_chunks_are_checked_by_either_checksum(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checksum: str
 ) -> None:
     """What `convert` writes (uncompressed + crc32c): read as Zarr reads it, and one flipped
-    byte found, whether the checksum runs outside the GIL (the `zarr-crc32c` extra, which the
+    byte found, whether the checksum runs outside the GIL (the `crc32c` package, which the
     test extra installs) or in numcodecs."""
     if checksum == "numcodecs":
         monkeypatch.setattr(zarrcodecs, "crc32c_checksum", numcodecs.CRC32C.checksum)

@@ -113,7 +113,33 @@ def check_every_public_name(app: Sphinx, env: BuildEnvironment) -> None:
             )
 
 
+#: Types whose runtime name is not the one users know (``tf.data.Dataset`` is ``DatasetV2``).
+KNOWN_AS = {"DatasetV2": "tf.data.Dataset"}
+
+
+def known_names(
+    app: Sphinx,
+    what: str,
+    name: str,
+    obj: Any,
+    options: Any,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None]:
+    """Name types in signatures as users know them."""
+
+    def rename(text: str | None) -> str | None:
+        if text is None:
+            return None
+        for runtime, known in KNOWN_AS.items():
+            text = re.sub(rf"\b(?:[\w.]+\.)?{runtime}\b", known, text)
+        return text
+
+    return rename(signature), rename(return_annotation)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("autodoc-process-signature", known_names)
     app.add_directive("cli-help", CliHelp)
     app.add_directive("api-rest", ApiRest)
     app.connect("env-check-consistency", check_every_public_name)

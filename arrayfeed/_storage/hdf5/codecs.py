@@ -15,9 +15,8 @@ leaves the spinner at full speed, as it releases the GIL.
   bytes after the zlib stream, as HDF5 does, and yield what the stream holds, so a short one is
   caught;
 - zstd, blosc: ``numcodecs``, already a dependency;
-- lzf, lz4 (HDF5's framing), bitshuffle: ``imagecodecs``. It is a large wheel (many codecs), so
-  it is the optional extra ``arrayfeed[hdf5-codecs]``; without it those filters are read through
-  h5py, correctly but on one core. ``python-lzf`` was rejected: it holds the GIL while it
+- lzf, lz4 (HDF5's framing), bitshuffle: ``imagecodecs``, a dependency of arrayfeed; should it
+  be missing, those filters are read through h5py, correctly but on one core. ``python-lzf`` was rejected: it holds the GIL while it
   decodes, so a second thread gains nothing and slows the spinner;
 - shuffle and fletcher32: NumPy here (whole-array operations, which release the GIL).
 """
@@ -106,7 +105,7 @@ def fletcher32(data: Buffer) -> int:
     """HDF5's Fletcher-32 checksum of ``data`` (``H5_checksum_fletcher32``), bit for bit.
 
     Computed by ``imagecodecs.h5checksum_fletcher32`` (HDF5's own C code, without the GIL) when
-    the ``hdf5-codecs`` extra is installed: the NumPy passes below are a few times slower, enough
+    ``imagecodecs`` is installed: the NumPy passes below are a few times slower, enough
     to slow an epoch of lzf-stored large rows (docs/performance.md, "HDF5 decoders").
 
     HDF5 sums big-endian 16-bit words (an odd last byte is the high byte of a last word) with

@@ -119,7 +119,7 @@ def blosc(values: Sequence[int]) -> Decode | str:
 def lzf() -> Decode | str:
     codecs = imagecodecs_module()
     if codecs is None or not codecs.LZF.available:
-        return "decoding lzf needs `imagecodecs` >= 2025.8.2 (pip install 'arrayfeed[hdf5-codecs]')"
+        return "decoding lzf needs `imagecodecs` >= 2025.8.2 (python -m pip install 'imagecodecs>=2025.8.2')"
 
     def decode(data: Buffer, size: int | None) -> Buffer:
         if size is None:  # LZF does not record the size it decodes to
@@ -132,7 +132,7 @@ def lzf() -> Decode | str:
 def lz4() -> Decode | str:
     codecs = imagecodecs_module()
     if codecs is None or not getattr(codecs, "LZ4H5", None) or not codecs.LZ4H5.available:
-        return "decoding lz4 needs `imagecodecs` >= 2025.8.2 (pip install 'arrayfeed[hdf5-codecs]')"
+        return "decoding lz4 needs `imagecodecs` >= 2025.8.2 (python -m pip install 'imagecodecs>=2025.8.2')"
 
     def decode(data: Buffer, size: int | None) -> Buffer:
         return codecs.lz4h5_decode(data, out=size)  # type: ignore[no-any-return]
@@ -146,7 +146,7 @@ def bitshuffle(values: Sequence[int], itemsize: int) -> Decode | str:
     12-byte header: total bytes, block bytes); the last ``count % 8`` elements stored as is."""
     codecs = imagecodecs_module()
     if codecs is None or not codecs.BITSHUFFLE.available:
-        return "decoding bitshuffle needs `imagecodecs` >= 2025.8.2 (pip install 'arrayfeed[hdf5-codecs]')"
+        return "decoding bitshuffle needs `imagecodecs` >= 2025.8.2 (python -m pip install 'imagecodecs>=2025.8.2')"
     if len(values) < 3 or values[2] != itemsize:
         return "its bitshuffle filter has an element size other than the dataset's"
     mode = int(values[4]) if len(values) > 4 else 0

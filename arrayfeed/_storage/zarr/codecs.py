@@ -3,7 +3,7 @@
 What :class:`.chunks.ChunkReader` runs on a chunk's stored bytes, in decoding order: a
 compressor's decoder (Blosc and Zstandard into a reused buffer when their frame declares exactly a
 chunk's size), and Zarr v3's trailing CRC-32C, checked outside the GIL when the ``crc32c``
-package (the ``zarr-crc32c`` extra) is there. Also the codec names ``inspect`` shows.
+package (a dependency of arrayfeed) is there. Also the codec names ``inspect`` shows.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ Decoder = Callable[[Any, "np.ndarray | None"], Any]
 
 
 def _crc32c_checksum() -> Callable[[np.ndarray], int]:
-    """CRC-32C of a buffer: with the ``crc32c`` package (the ``zarr-crc32c`` extra) computed
+    """CRC-32C of a buffer: with the ``crc32c`` package (a dependency) computed
     outside the GIL, so reader threads check their chunks at once; else numcodecs' (through
     ``google_crc32c``), which holds the GIL: ~30 us per MiB that no other reader thread runs."""
     from numcodecs.checksum32 import CRC32C
