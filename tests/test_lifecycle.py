@@ -176,7 +176,7 @@ def _loader_usage(ds: Any) -> tuple[int, int, int]:
     remote = feeds_of(ds)[0]._remote
     if remote is None:
         return (0, 0, 0)
-    (link,) = remote._links
+    (link,) = remote.members.links
     proc = psutil.Process(link.process.pid)
     return proc.num_threads(), proc.num_fds(), proc.memory_info().rss >> 20
 

@@ -563,18 +563,18 @@ def test_loaders_join_while_reading_and_are_let_go_when_no_longer_asked_for(
     b = af.batches(x, y, batch_size=10, seed=4, processes=1)
     remote = b._feed._remote
     b._feed.tuner = remote.tuner = tuner = TwoThenOne()
-    first = remote._links[0].process
+    first = remote.members.links[0].process
     got = _epochs(b, 1)
     deadline = time.monotonic() + 30
     while not tuner.ready and time.monotonic() < deadline:  # the second joins within an epoch
         got += _epochs(b, 1)
-    assert tuner.ready and len(remote._links) == 2 and len(remote._reading()) == 2
-    second = remote._links[1].process
+    assert tuner.ready and len(remote.members.links) == 2 and len(remote.members.reading()) == 2
+    second = remote.members.links[1].process
     assert second is not first and second.alive()
     got += _epochs(b, 1)  # read by both
     tuner.wanted = 1
     got += _epochs(b, 1)
-    assert [link.process for link in remote._links] == [first]  # the second let go ...
+    assert [link.process for link in remote.members.links] == [first]  # the second let go ...
     assert b._feed.tuning.threads == 2
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
     deadline = time.monotonic() + LINGER_SECONDS + 10
@@ -589,7 +589,7 @@ def _with_a_spare(b: af.Batches) -> tuple[Any, TwoThenOne, LoaderProcess, list[A
     remote = b._feed._remote
     b._feed.tuner = remote.tuner = tuner = TwoThenOne()
     tuner.wanted = 1
-    first = remote._links[0].process
+    first = remote.members.links[0].process
     tuner.spare = 2
     return remote, tuner, first, _epochs(b, 1)
 
@@ -602,30 +602,30 @@ def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, A
     x, y = files["npy"]
     b = af.batches(x, y, batch_size=10, seed=4, processes=1)
     remote, tuner, first, got = _with_a_spare(b)
-    spares = list(remote._spares)
+    spares = list(remote.members.spares)
     assert len(spares) == 1 and spares[0] is not first and spares[0].alive()
-    assert [link.process for link in remote._links] == [first]  # started, not asked for groups
+    assert [link.process for link in remote.members.links] == [first]  # started, not asked for groups
     assert spares[0].pid in loaders().pids()
     tuner.wanted = 2  # the count is tried: with the process started before
     deadline = time.monotonic() + 30
     while not tuner.ready and time.monotonic() < deadline:
         got += _epochs(b, 1)
-    assert [link.process for link in remote._links] == [first, spares[0]]
+    assert [link.process for link in remote.members.links] == [first, spares[0]]
     tuner.spare = 0  # settled
     got += _epochs(b, 1)
-    assert remote._spares == [] and spares[0].alive()  # in use: kept
+    assert remote.members.spares == [] and spares[0].alive()  # in use: kept
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
 
     # Back to one loader, with two more started and then not tried: let go, and, serving no
     # feed, they stop.
     tuner.wanted, tuner.spare = 1, 3
     got = _epochs(b, 1)
-    assert [link.process for link in remote._links] == [first]
-    assert len(remote._spares) == 3 - 1 and spares[0] in remote._spares
-    started = list(remote._spares)
+    assert [link.process for link in remote.members.links] == [first]
+    assert len(remote.members.spares) == 3 - 1 and spares[0] in remote.members.spares
+    started = list(remote.members.spares)
     tuner.spare = 0
     got += _epochs(b, 1)
-    assert remote._spares == []
+    assert remote.members.spares == []
     deadline = time.monotonic() + LINGER_SECONDS + 10
     while any(p.alive() for p in started) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -667,12 +667,12 @@ def _opened_ahead(
     deadline = time.monotonic() + 30
     while len(_unpickled_in(noted)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _unpickled_in(noted) == [first.pid, remote._spares[0].pid]  # before it was tried
+    assert _unpickled_in(noted) == [first.pid, remote.members.spares[0].pid]  # before it was tried
     then()
     tuner.wanted = 2
     while not tuner.ready and time.monotonic() < deadline:
         got += _epochs(b, 1)
-    assert [link.process.pid for link in remote._links] == _unpickled_in(noted)[:2]
+    assert [link.process.pid for link in remote.members.links] == _unpickled_in(noted)[:2]
     return b, remote, tuner, got
 
 
@@ -687,9 +687,9 @@ def test_the_loader_to_try_next_unpickles_the_feed_before_it_is_tried(
     noted = tmp_path / "unpickled"
     b, remote, _, got = _opened_ahead(x, y, noted)
     deadline = time.monotonic() + 30
-    while not remote._links[1].delivered and time.monotonic() < deadline:
+    while not remote.members.links[1].delivered and time.monotonic() < deadline:
         got += _epochs(b, 1)
-    assert remote._links[1].delivered  # it served
+    assert remote.members.links[1].delivered  # it served
     assert len(_unpickled_in(noted)) == 2  # with the feed it had unpickled
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), len(got)))
 
@@ -702,7 +702,7 @@ def test_a_loader_started_ahead_opens_the_feed_again_in_an_environment_changed_s
     noted = tmp_path / "unpickled"
     since = lambda: monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # noqa: E731
     _, remote, _, _ = _opened_ahead(*files["npy"], noted, then=since)
-    spare = remote._links[1].process
+    spare = remote.members.links[1].process
     assert _unpickled_in(noted)[1:] == [spare.pid, spare.pid]
 
 
@@ -723,7 +723,7 @@ def test_a_loader_that_cannot_start_leaves_reading_to_those_there_are(
     monkeypatch.setattr(LoaderProcess, "__init__", refused)
     got = _epochs(b, 2)
     assert started == [1] and tuner.ready  # tried once, and the tuner told
-    assert len(remote._links) == 1
+    assert len(remote.members.links) == 1
     _same(got, _epochs(af.batches(x, y, batch_size=10, seed=4, processes=0), 2))
 
 

@@ -162,7 +162,7 @@ def _feed(owner: Any) -> Any:
 
 def _workers(owner: Any) -> list[int]:
     """The loader processes serving the feed of ``owner``."""
-    return [link.process.pid for link in _feed(owner)._remote._links]
+    return [link.process.pid for link in _feed(owner)._remote.members.links]
 
 
 # -- the stream ------------------------------------------------------------------------------------
@@ -478,7 +478,7 @@ def slow_identity(batch):
 b = af.batches(np.arange(10_000), batch_size=5, map_batch=slow_identity, map_processes=2)
 for i, _ in enumerate(b):
     if i == 2:
-        print(*[link.process.pid for link in b._feed._remote._links], flush=True)
+        print(*[link.process.pid for link in b._feed._remote.members.links], flush=True)
 """
 
 

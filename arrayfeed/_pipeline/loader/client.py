@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
 from ..read.readers import reads_next
-from .members import Asked, Link, LoaderCountMixin
-from .processes import LoaderProcess, loaders
+from .members import Asked, Link, Members
+from .processes import loaders
 from .slots import Slots, area_bytes
 from .wire import (
     MAX_FDS,
@@ -51,7 +51,7 @@ HELD_GROUPS = 4
 POLL_SECONDS = 0.5
 
 
-class RemoteFeed(LoaderCountMixin):
+class RemoteFeed:
     """Epochs of one feed read by ``processes`` loader processes (see the module docstring)."""
 
     _ids = itertools.count(1)
@@ -60,7 +60,6 @@ class RemoteFeed(LoaderCountMixin):
         self._feed = weakref.ref(feed)  # the feed holds this link, not the other way round
         #: The process this link belongs to (a forked child makes its own).
         self.pid = os.getpid()
-        self.processes = processes
         #: Reader threads of each loader (tuned while reading, see :mod:`..tuning`): each is
         #: asked for that many groups and one more. Slots are made as they are needed, up to as
         #: many as the most groups in flight.
@@ -79,37 +78,47 @@ class RemoteFeed(LoaderCountMixin):
         self._tokens = itertools.count(1)
         self._arrived: dict[tuple[int, int], Loaded | Raised] = {}
         self._ending: dict[int, int] = {}  # token -> loaders yet to confirm its end
-        self._links: list[Link] = []
         self._live: dict[int, Asked] = {}  # passes started and not ended, by token
-        self._joining: list[Link] = []  # loaders added while reading, not registered yet
-        self._warming: list[Link] = []  # loaders joined, reading, that have delivered nothing
-        self._warm_token = 0  # the last pass started when they joined
-        self._no_more = False  # a loader could not be started: no more are tried
-        self._spares: list[LoaderProcess] = []  # started before they are tried
-        self._spare_count = 0
         self._ahead: Asked | None = None  # the next epoch's pass, asked for ahead
-        self._connect()
-        weakref.finalize(self, RemoteFeed._close, self.feed_id, self._links, self._fds)
+        #: The loaders reading this feed (as many as the tuner says).
+        self.members = Members(self, self.feed_id, blob, processes, self._cond)
+        self.members.connect()
+        links = self.members.links
+        weakref.finalize(self, RemoteFeed._close, self.feed_id, links, self._fds)
+
+    # -- what the loaders of the feed ask of it (see :class:`~.members.LinkHost`) ---------------
+    def opened(self, link: Link) -> None:
+        if self._fds:
+            self._send_slots(link, sorted(self._fds))
+
+    def joined(self, link: Link) -> None:
+        for live in self._live.values():
+            self._send(link, StartEpoch(live.token, live.epoch, live.start_step))
+            live.links.append(link)
+
+    def dropped(self, link: Link) -> None:
+        for live in self._live.values():
+            if link in live.links:
+                live.links.remove(link)
+        self._drop_pending(link)
+
+    def in_flight(self) -> int:
+        return sum(p.in_flight for p in self._live.values())
+
+    def latest_pass(self) -> int:
+        return max(self._live, default=0)
+
+    def _drop_pending(self, link: Link) -> None:
+        """Nothing more will come from ``link``: its slots come back, and the passes whose end
+        it was to confirm no longer wait for it (under ``_cond``)."""
+        for slot in link.slots:
+            self.slots.release(slot)
+        link.slots.clear()
+        for token in link.ending:
+            self._confirm_end(token)
+        link.ending.clear()
 
     # -- connecting ---------------------------------------------------------------------------------
-    def _connect(self) -> None:
-        """Register with the loaders (starting them); known slots go to any new one."""
-        processes = loaders().take(self.processes, self.feed_id)
-        links = []
-        for process in processes:
-            old = next((k for k in self._links if k.process is process and k.error is None), None)
-            if old is not None:
-                links.append(old)
-                continue
-            link = Link(process, process.register(self.feed_id, self._blob))
-            if self._fds:
-                self._send_slots(link, sorted(self._fds))
-            links.append(link)
-        for link in self._links:
-            if link not in links:
-                with contextlib.suppress(OSError):
-                    link.channel.close()
-        self._links[:] = links
 
     def _send_slots(self, link: Link, slots: Sequence[int], retire: tuple[int, ...] = ()) -> None:
         # Slots are numbered consecutively from their first, so each run goes in one message (of
@@ -138,17 +147,17 @@ class RemoteFeed(LoaderCountMixin):
         for slot in retire:
             os.close(self._fds.pop(slot))
         if added or retire:
-            for link in self._links:
+            for link in self.members.links:
                 self._send_slots(link, added, retire)
 
     def _check_links(self) -> None:
         """Restart dead loaders, and wait until every loader has unpickled the feed (those
         joining while reading are waited for by :meth:`_fit_loaders`)."""
-        if any(link.error is not None or not link.process.alive() for link in self._serving()):
-            self._connect()
-        while not all(link.registered for link in self._serving()):
+        if any(link.error is not None or not link.process.alive() for link in self.members.serving()):
+            self.members.connect()
+        while not all(link.registered for link in self.members.serving()):
             self._pump()
-        for link in self._serving():
+        for link in self.members.serving():
             if link.error is not None:
                 raise link.error
 
@@ -169,7 +178,7 @@ class RemoteFeed(LoaderCountMixin):
                 self._cond.wait(POLL_SECONDS)
             return
         try:
-            channels = {link.channel.fileno(): link for link in self._links if link.error is None}
+            channels = {link.channel.fileno(): link for link in self.members.links if link.error is None}
             ready = readable(list(channels), POLL_SECONDS)
             for fd in ready:
                 link = channels[fd]
@@ -265,9 +274,9 @@ class RemoteFeed(LoaderCountMixin):
         began = time.perf_counter()
         try:
             for first, stop in asked.todo:
-                self._fit_loaders()
+                self.members.fit()
                 threads = tuner.threads
-                wanted = (threads + 1) * len(self._reading())
+                wanted = (threads + 1) * len(self.members.reading())
                 self._ask(asked, threads, wanted, asked.in_flight)
                 if follow and asked.asked == len(asked.todo):
                     after, follow = self._follow(epoch, began), False
@@ -308,7 +317,7 @@ class RemoteFeed(LoaderCountMixin):
             else:
                 self._retire_slots()
             token = next(self._tokens)
-            links = list(self._links)
+            links = list(self.members.links)
             for link in links:
                 self._send(link, StartEpoch(token, epoch, start_step))
             asked = Asked(
@@ -335,9 +344,9 @@ class RemoteFeed(LoaderCountMixin):
             held, self._ahead = self._ahead, None
         if held is None:
             return None
-        same = len(held.links) == len(self._links) and all(
+        same = len(held.links) == len(self.members.links) and all(
             a is b and a.error is None and a.process.alive()
-            for a, b in zip(held.links, self._links, strict=False)
+            for a, b in zip(held.links, self.members.links, strict=False)
         )
         if same and (held.epoch, held.start_step) == (epoch, start_step):
             return held
@@ -362,7 +371,7 @@ class RemoteFeed(LoaderCountMixin):
     def _ask(self, asked: Asked, threads: int, wanted: int, in_flight: int) -> None:
         """Ask for the next groups of a pass while fewer than ``wanted`` (of every pass) are in
         flight and slots are free or can be made."""
-        reading = self._reading()
+        reading = self.members.reading()
         while asked.asked < len(asked.todo) and in_flight < wanted:
             slot = self._slot(in_flight, wanted)
             if slot is None:
@@ -394,7 +403,7 @@ class RemoteFeed(LoaderCountMixin):
                     return None
                 ending = any(
                     token in self._ending
-                    for link in self._links
+                    for link in self.members.links
                     for token, _ in link.slots.values()
                 )
                 if not ending:  # held by the consumer, or by another pass's groups: one more

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from ..tune.tuning import Tuner
 from .processes import LoaderProcess, loaders
-from .slots import Slots
-from .wire import Channel, StartEpoch
+from .wire import Channel
 
-__all__ = ["Asked", "Link", "LoaderCountMixin"]
+__all__ = ["Asked", "Link", "LinkHost", "Members"]
 
 
 @dataclass
@@ -59,149 +59,170 @@ class Asked:
     route: dict[int, Link] = field(default_factory=dict)
 
 
-class LoaderCountMixin:
-    """How many loaders a feed's link asks for groups (see the module docstring); mixed into
-    :class:`~.client.RemoteFeed`, which holds the state below."""
+class LinkHost(Protocol):
+    """What the loaders of a feed need of the feed's link (:class:`~.client.RemoteFeed`): the
+    slots and passes are its own, and so is the tuner that says how many loaders read."""
 
     tuner: Tuner
-    processes: int
-    feed_id: int
-    slots: Slots
-    _cond: threading.Condition
-    _links: list[Link]
-    _live: dict[int, Asked]  # passes started and not ended, by token
-    _joining: list[Link]  # loaders added while reading, not registered yet
-    _warming: list[Link]  # loaders joined, reading, that have delivered nothing
-    _warm_token: int  # the last pass started when they joined
-    _no_more: bool  # a loader could not be started: no more are tried
-    _spares: list[LoaderProcess]  # loaders started before they are tried (see _fit_spares)
-    _spare_count: int  # the count the tuner asked to have started, when they were
-    _blob: bytes  # the feed, pickled
 
-    def _connect(self) -> None:
-        raise NotImplementedError
+    def opened(self, link: Link) -> None:
+        """A loader's link is new: send it the slots there are."""
 
-    def _send(self, link: Link, message: Any, fds: Sequence[int] = ()) -> None:
-        raise NotImplementedError
+    def joined(self, link: Link) -> None:
+        """A loader joins while passes are read: start them there."""
 
-    def _confirm_end(self, token: int) -> None:
-        raise NotImplementedError
+    def dropped(self, link: Link) -> None:
+        """Nothing more comes from ``link``: its slots come back, its ends are not waited for."""
 
-    def _drop_pending(self, link: Link) -> None:
-        """Nothing more will come from ``link``: its slots come back, and the passes whose end
-        it was to confirm no longer wait for it (under ``_cond``)."""
-        for slot in link.slots:
-            self.slots.release(slot)
-        link.slots.clear()
-        for token in link.ending:
-            self._confirm_end(token)
-        link.ending.clear()
+    def in_flight(self) -> int:
+        """Groups asked for and not yet taken, in every pass."""
 
-    def _serving(self) -> list[Link]:
-        return [link for link in self._links if link not in self._joining]
+    def latest_pass(self) -> int:
+        """The token of the last pass started (0: none)."""
 
-    # -- how many loaders (tuned while reading) --------------------------------------------------
-    def _reading(self) -> list[Link]:
+
+class Members:
+    """The loader processes that read one feed (see the module docstring): ``processes`` of
+    them to start with, as many as the tuner asks for then; ``lock``: the feed link's, under
+    which passes and links change."""
+
+    def __init__(
+        self,
+        host: LinkHost,
+        feed_id: int,
+        blob: bytes,
+        processes: int,
+        lock: threading.Condition,
+    ) -> None:
+        # Weakly: the link owns its members, and a dropped dataset is freed by reference count.
+        self._host = weakref.proxy(host)
+        self.feed_id, self._blob, self.processes = feed_id, blob, processes
+        self._lock = lock
+        #: The loaders serving this feed, in order (the tuner's count are asked for groups).
+        self.links: list[Link] = []
+        self._joining: list[Link] = []  # loaders added while reading, not registered yet
+        self._warming: list[Link] = []  # loaders joined, reading, that have delivered nothing
+        self._warm_token = 0  # the last pass started when they joined
+        self._no_more = False  # a loader could not be started: no more are tried
+        self.spares: list[LoaderProcess] = []  # started before they are tried
+        self._spare_count = 0
+
+    def connect(self) -> None:
+        """Register with the loaders (starting them); a new one gets the slots there are."""
+        processes = loaders().take(self.processes, self.feed_id)
+        links = []
+        for process in processes:
+            old = next((k for k in self.links if k.process is process and k.error is None), None)
+            if old is not None:
+                links.append(old)
+                continue
+            link = Link(process, process.register(self.feed_id, self._blob))
+            self._host.opened(link)
+            links.append(link)
+        for link in self.links:
+            if link not in links:
+                with contextlib.suppress(OSError):
+                    link.channel.close()
+        self.links[:] = links
+
+    def serving(self) -> list[Link]:
+        """The loaders registered with the feed (not those joining)."""
+        return [link for link in self.links if link not in self._joining]
+
+    def reading(self) -> list[Link]:
         """The loaders groups are asked of now: as many as the tuner says, of those serving."""
-        count = max(1, self.tuner.processes)
-        return [link for link in self._links[:count] if link not in self._joining]
+        count = max(1, self._host.tuner.processes)
+        return [link for link in self.links[:count] if link not in self._joining]
 
-    def _fit_loaders(self) -> None:
+    def fit(self) -> None:
         """Start the loaders the tuner asks for beyond those serving (they join every pass
         under way and are asked for groups once registered; the tuner counts from their first
         group on: the first opens the files, or the storage's connections, there), and let go
         of those beyond it once they have no group to deliver."""
-        count = max(1, self.tuner.processes)
-        spare = self.tuner.spare
+        count = max(1, self._host.tuner.processes)
+        spare = self._host.tuner.spare
         if (
-            count == len(self._links)
+            count == len(self.links)
             and not self._joining
             and not self._warming
             and spare == self._spare_count
         ):
             return
-        with self._cond:  # (two passes of one feed may be read at once)
-            if count > len(self._links) and not self._joining and not self._no_more:
+        with self._lock:  # (two passes of one feed may be read at once)
+            if count > len(self.links) and not self._joining and not self._no_more:
                 try:
                     self._grow(count)
                 except OSError:  # no more processes here: the tuner measures those there are
                     self._no_more = True
-                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+                    self._host.tuner.processes_ready(self._host.in_flight())
             if self._joining and all(link.registered for link in self._joining):
                 joined, self._joining = self._joining, []
                 for link in joined:
                     if link.error is not None:  # could not start: read with those there are
-                        self._retire(link)
+                        self.retire(link)
                     else:
                         self._warming.append(link)
-                self._warm_token = max(self._live, default=0)
+                self._warm_token = self._host.latest_pass()
                 if not self._warming:
-                    self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
+                    self._host.tuner.processes_ready(self._host.in_flight())
             # Warm once each has delivered a group, or once a pass started since (an epoch of
             # fewer groups than loaders may never deal one to it).
             if self._warming and (
-                max(self._live, default=0) > self._warm_token
+                self._host.latest_pass() > self._warm_token
                 or all(
-                    link.delivered or link.error is not None or link not in self._links
+                    link.delivered or link.error is not None or link not in self.links
                     for link in self._warming
                 )
             ):
                 self._warming = []
-                self.tuner.processes_ready(sum(p.in_flight for p in self._live.values()))
-            if len(self._links) > count and not self._joining:
-                for link in self._links[count:]:
+                self._host.tuner.processes_ready(self._host.in_flight())
+            if len(self.links) > count and not self._joining:
+                for link in self.links[count:]:
                     if not link.slots:
-                        self._retire(link)
+                        self.retire(link)
             if spare != self._spare_count:
                 self._fit_spares(spare)
 
     def _fit_spares(self, spare: int) -> None:
         """Start the loaders the tuner may try next (``spare`` in all), not yet registered
         with this feed, and have them unpickle it: a new interpreter imports the package, and
-        then the feed's storage (a Zarr store on S3: its libraries, credentials, the store's
-        metadata), for 0.2-0.5 s of a core, which then passes while the tuner measures
-        fewer threads, not while it measures more loaders; let go of those it no longer may try
-        (those it did are among the links)."""
+        then the feed's storage (its libraries, credentials, metadata), which then passes while
+        the tuner measures, not while the loaders tried are; let go of those it no longer may
+        try (those it did are among the links)."""
         self._spare_count = spare
-        linked = [link.process for link in self._links]
-        if spare > len(self._links) and not self._no_more:
+        linked = [link.process for link in self.links]
+        if spare > len(self.links) and not self._no_more:
             try:
                 taken = loaders().take(spare, self.feed_id)
             except OSError:  # no more processes here: the tuner will find so when it tries
                 return
             for process in taken:
-                if process not in linked and process not in self._spares:
+                if process not in linked and process not in self.spares:
                     with contextlib.suppress(OSError):  # one that died: found when tried
                         process.prepare(self.feed_id, self._blob)
-            self._spares = [p for p in taken if p not in linked]
+            self.spares = [p for p in taken if p not in linked]
             return
-        for process in self._spares:
+        for process in self.spares:
             if process not in linked:
                 loaders().release(self.feed_id, process)
-        self._spares = []
+        self.spares = []
 
     def _grow(self, count: int) -> None:
-        with self._cond:
-            before = list(self._links)
-            self.processes = count
-            self._connect()
-            self._joining = [link for link in self._links if link not in before]
-            for link in self._joining:
-                for live in self._live.values():
-                    self._send(link, StartEpoch(live.token, live.epoch, live.start_step))
-                    live.links.append(link)
+        before = list(self.links)
+        self.processes = count
+        self.connect()
+        self._joining = [link for link in self.links if link not in before]
+        for link in self._joining:
+            self._host.joined(link)
 
-    def _retire(self, link: Link) -> None:
+    def retire(self, link: Link) -> None:
         """Stop asking ``link``'s loader for this feed's groups (it has none to deliver): its
         side of the feed ends when the link closes."""
-        with self._cond:
-            if link in self._links:
-                self._links.remove(link)
-            for live in self._live.values():
-                if link in live.links:
-                    live.links.remove(link)
-            self._drop_pending(link)
-            self.processes = len(self._links)
+        with self._lock:
+            if link in self.links:
+                self.links.remove(link)
+            self._host.dropped(link)
+            self.processes = len(self.links)
         with contextlib.suppress(OSError):
             link.channel.close()
         loaders().release(self.feed_id, link.process)
