@@ -14,6 +14,7 @@ from ._conversion.inspect import InspectReport, inspect
 from ._conversion.verify import VerifyReport, verify
 from ._errors import (
     ArrayfeedError,
+    CacheError,
     ConfigError,
     CorruptDataError,
     DestinationError,
@@ -31,10 +32,12 @@ from ._pipeline.bench import BenchReport, bench
 from ._pipeline.shard import Shard
 from ._pipeline.tuningreport import Tuning
 from ._storage import (
+    CacheReport,
     Chunked,
     ConversionRecord,
     GatherInto,
     Source,
+    cache_report,
     open_array,
     written_by_arrayfeed,
 )
@@ -68,6 +71,8 @@ __all__ = [
     "ArrayfeedError",
     "Batches",
     "BenchReport",
+    "CacheError",
+    "CacheReport",
     "Chunked",
     "ConfigError",
     "ConversionRecord",
@@ -91,6 +96,7 @@ __all__ = [
     "__version__",
     "batches",
     "bench",
+    "cache_report",
     "convert",
     "distribute",
     "distributed_steps",

@@ -64,6 +64,8 @@ from .open import (
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
+from .remote.cachereport import CacheReport, cache_report
+from .remote.cachespec import CacheSpec, cache_spec
 from .remote.errors import remote_error
 from .remote.glob import expand_url
 from .remote.paths import RemotePath, forget_filesystems, is_url
@@ -92,6 +94,8 @@ __all__ = [
     "MARKER",
     "SPARSE_COMPONENTS",
     "ArrayLayout",
+    "CacheReport",
+    "CacheSpec",
     "Categorical",
     "Chunked",
     "Closeable",
@@ -116,6 +120,8 @@ __all__ = [
     "array_keys",
     "as_source",
     "as_source_for_copy",
+    "cache_report",
+    "cache_spec",
     "chunked_rows",
     "create_writer",
     "csr_source",
