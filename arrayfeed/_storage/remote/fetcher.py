@@ -6,6 +6,12 @@ filesystem's own event loop, retries them with exponential backoff after transie
 soon (a full shuffle touches every chunk many times per epoch) cost no new request: the page
 cache that local files get from the operating system. Decoding stays with the caller, in its own
 thread. :func:`sync_filesystem` gives the filesystem such fetches run on.
+
+With a cache directory (:mod:`.cache`) and the objects' versions as the store listed them at
+open, each object is fetched through it, in a thread of the fetcher's own: a checked copy from
+local disk, or a download kept there for every process of the host. An object the listing did
+not hold is missing (fill values for Zarr) without a request; one without a version (nothing
+tells its changes apart) is fetched as without a cache.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from .cache import open_cache
+from .cachespec import CacheSpec
 from .errors import missing_object, remote_error, transient
 from .paths import whole_object
 
@@ -78,13 +86,23 @@ class Fetcher:
     waits for one object: its bytes, or None when it does not exist. A failure is raised by
     :meth:`get` (and forgotten, so a later read asks again): a named error after
     :data:`ATTEMPTS` tries of a transient one. Fetched objects are kept, least recently used
-    first out, up to ``cache_bytes``. Pickles as ``fs``, ``root`` and ``url`` (the copy starts
-    empty); a forked child starts empty too, with the filesystem made again (the parent's event
+    first out, up to ``cache_bytes``. Pickles as ``fs``, ``root``, ``url`` and the cache settings
+    (the copy starts empty); a forked child starts empty too, with the filesystem made again (the parent's event
     loop thread does not exist there).
     """
 
-    def __init__(self, fs: Any, root: str, url: str, *, in_flight: int = IN_FLIGHT) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        url: str,
+        *,
+        in_flight: int = IN_FLIGHT,
+        cache: CacheSpec | None = None,
+        versions: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.fs, self.root, self.url, self.in_flight = fs, root.rstrip("/"), url, in_flight
+        self.cache, self.versions = cache, versions
         self.cache_bytes = cache_bytes()
         self._whole = whole_object(fs)
         self._reset()
@@ -100,10 +118,14 @@ class Fetcher:
         self.requests = 0  # objects requested (for tests and benchmarks)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"fs": self.fs, "root": self.root, "url": self.url, "in_flight": self.in_flight}
+        state = self.__dict__.copy()
+        for name in ("_lock", "_entries", "_sizes", "_held", "_semaphore", "_pool", "requests"):
+            del state[name]
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["fs"], state["root"], state["url"], in_flight=state["in_flight"])  # type: ignore[misc]
+        self.__dict__.update(state)
+        self._reset()
 
     def _forked(self) -> None:
         if self._pid != os.getpid():
@@ -139,20 +161,59 @@ class Fetcher:
                     del self._entries[key]
             raise
 
+    def _request(self, key: str) -> tuple[str, dict[str, Any]]:
+        """The path of ``key`` and the keyword arguments of ``cat_file`` that fetch it."""
+        return (f"{self.root}/{key}" if self.root else key), self._whole
+
+    def _name(self, key: str) -> str:
+        """What ``key`` is called in the cache: its URL (and range)."""
+        return f"{self.url.rstrip('/')}/{key}"
+
+    def _version(self, key: str) -> str | bool | None:
+        """The version of ``key`` the cache checks copies against; None: fetched around the
+        cache; False: missing, as the listing at open said."""
+        if self.cache is None or self.versions is None:
+            return None
+        return self.versions.get(key, False)
+
     def _start(self, key: str) -> Future[bytes | None]:
-        self.requests += 1
-        path = f"{self.root}/{key}" if self.root else key
         future: Future[bytes | None]
-        if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None) is not None:
-            future = asyncio.run_coroutine_threadsafe(self._get_async(path, key), self.fs.loop)
+        version = self._version(key)
+        if version is False:
+            future = Future()
+            future.set_result(None)
+        elif isinstance(version, str):
+            future = self._threads(self.in_flight).submit(self._cached, key, version)
+        elif self._async():
+            self.requests += 1
+            future = asyncio.run_coroutine_threadsafe(self._get_async(key), self.fs.loop)
         else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    min(self.in_flight, 16), thread_name_prefix="arrayfeed-fetch"
-                )
-            future = self._pool.submit(self._get_sync, path, key)
+            self.requests += 1
+            future = self._threads(min(self.in_flight, 16)).submit(self._get_sync, key)
         future.add_done_callback(lambda f: self._landed(key, f))
         return future
+
+    def _async(self) -> bool:
+        loop = getattr(self.fs, "loop", None)
+        return bool(getattr(self.fs, "async_impl", False)) and loop is not None
+
+    def _threads(self, count: int) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(count, thread_name_prefix="arrayfeed-fetch")
+        return self._pool
+
+    def _cached(self, key: str, version: str) -> bytes | None:
+        assert self.cache is not None
+        return open_cache(self.cache.directory).get(
+            self._name(key), version, self.cache.limit, lambda: self._download(key)
+        )
+
+    def _download(self, key: str) -> bytes | None:
+        with self._lock:
+            self.requests += 1
+        if self._async():
+            return asyncio.run_coroutine_threadsafe(self._get_async(key), self.fs.loop).result()
+        return self._get_sync(key)
 
     def _landed(self, key: str, future: Future[bytes | None]) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -174,34 +235,33 @@ class Fetcher:
                 del self._entries[key]
                 self._held -= size
 
-    def _url(self, key: str) -> str:
-        return f"{self.url.rstrip('/')}/{key}"
-
-    async def _get_async(self, path: str, key: str) -> bytes | None:
+    async def _get_async(self, key: str) -> bytes | None:
         if self._semaphore is None:  # created on the loop that uses it
             self._semaphore = asyncio.Semaphore(self.in_flight)
+        path, kwargs = self._request(key)
         for attempt in range(ATTEMPTS):
             try:
                 async with self._semaphore:
-                    data = await self.fs._cat_file(path, **self._whole)
+                    data = await self.fs._cat_file(path, **kwargs)
                 return data if isinstance(data, bytes) else bytes(data)
             except Exception as exc:
                 if missing_object(exc):
                     return None
                 if attempt + 1 == ATTEMPTS or not transient(exc):
-                    raise remote_error(exc, self._url(key), attempts=attempt + 1) from exc
+                    raise remote_error(exc, self._name(key), attempts=attempt + 1) from exc
             await asyncio.sleep(_delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _get_sync(self, path: str, key: str) -> bytes | None:
+    def _get_sync(self, key: str) -> bytes | None:
+        path, kwargs = self._request(key)
         for attempt in range(ATTEMPTS):
             try:
-                data = self.fs.cat_file(path, **self._whole)
+                data = self.fs.cat_file(path, **kwargs)
                 return data if isinstance(data, bytes) else bytes(data)
             except Exception as exc:
                 if missing_object(exc):
                     return None
                 if attempt + 1 == ATTEMPTS or not transient(exc):
-                    raise remote_error(exc, self._url(key), attempts=attempt + 1) from exc
+                    raise remote_error(exc, self._name(key), attempts=attempt + 1) from exc
             time.sleep(_delay(attempt))
         raise AssertionError("unreachable")  # pragma: no cover
