@@ -24,6 +24,7 @@ import s3fs
 import zarr
 
 import arrayfeed as af
+from arrayfeed._cli import main
 from arrayfeed._storage.remote import blocks
 from arrayfeed.testing.latency import LatencyProxy
 
@@ -260,3 +261,23 @@ def test_no_credentials_reach_the_cache(
         data = path.read_bytes()
         for secret in ("ENVIRONMENTSECRETMARKER", "KEYIDMARKER", "OPTIONSECRETMARKER", bucket):
             assert secret.encode() not in data, (path, secret)
+
+
+def test_verify_and_inspect_take_the_cache_on_the_command_line(
+    stores: tuple[Path, str],
+    proxy: LatencyProxy,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, url = stores
+    cache = tmp_path / "cache"
+    flags = ["--cache", str(cache), "--cache-limit", str(LIMIT)]
+    assert main(["verify", url, "-q", *flags]) == 0
+    assert "OK, 2 arrays" in capsys.readouterr().out
+    fetched = _report(cache)
+    assert fetched.misses == 2 * CHUNKS  # x and y, each chunk once
+    assert main(["verify", url, "-q", *flags]) == 0  # checked again: from the cache
+    assert _report(cache).since(fetched).misses == 0
+    assert main(["inspect", url, *flags]) == 0
+    assert main(["inspect", url, "--cache-limit", "5"]) == 1
+    assert "`cache_limit` (5) needs `cache`" in capsys.readouterr().err
