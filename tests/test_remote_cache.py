@@ -13,7 +13,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,9 +20,11 @@ from pathlib import Path
 import pytest
 
 import arrayfeed as af
+from arrayfeed._storage import cache_bytes_on_disk
 from arrayfeed._storage.remote.cache import open_cache, versions_under
 from arrayfeed._storage.remote.cacheclaims import claim
 from arrayfeed._storage.remote.cachespec import DEFAULT_SHARE, cache_spec
+from arrayfeed.testing.diskpeak import DiskPeak
 
 from . import _cachejobs
 from ._cachejobs import content
@@ -33,16 +34,6 @@ LIMIT = 1 << 30
 
 def _files(directory: Path, *parts: str) -> list[Path]:
     return [p for part in parts for p in (directory / part).rglob("*") if p.is_file()]
-
-
-def _on_disk(directory: Path) -> int:
-    total = 0
-    for part in ("objects", "tmp"):
-        for root, _, names in os.walk(directory / part):
-            for name in names:
-                with contextlib.suppress(FileNotFoundError):  # removed while walking
-                    total += os.stat(os.path.join(root, name)).st_size
-    return total
 
 
 class Downloads:
@@ -165,27 +156,14 @@ def test_four_writers_stay_within_the_limit(tmp_path: Path) -> None:
     directory = tmp_path / "cache"
     limit = 512 << 10
     open_cache(str(directory))
-    largest, done = [0], threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            largest[0] = max(largest[0], _on_disk(directory))
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
     start = time.time() + 2.0
-    try:
-        with multiprocessing.get_context("spawn").Pool(4) as pool:
-            biggest = pool.starmap(
-                _cachejobs.fill, [(str(directory), 60, limit, seed, start) for seed in range(4)]
-            )
-    finally:
-        done.set()
-        watcher.join()
+    with DiskPeak(directory) as disk, multiprocessing.get_context("spawn").Pool(4) as pool:
+        biggest = pool.starmap(
+            _cachejobs.fill, [(str(directory), 60, limit, seed, start) for seed in range(4)]
+        )
     report = af.cache_report(directory, cache_limit=limit)
-    assert report.bytes_held <= limit and _on_disk(directory) == report.bytes_held
-    assert largest[0] <= limit + max(biggest), (largest[0], limit)
+    assert report.bytes_held <= limit and cache_bytes_on_disk(directory) == report.bytes_held
+    assert disk.peak <= limit + max(biggest), (disk.peak, limit)
     assert report.evicted > 0 and report.misses == 240
 
 

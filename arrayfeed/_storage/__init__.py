@@ -32,6 +32,7 @@ from .base import (
     Closeable,
     Encoded,
     GatherInto,
+    KeptLocally,
     Portability,
     Prefetch,
     ReadPiecesInto,
@@ -41,6 +42,7 @@ from .base import (
     SparseRows,
     Verifiable,
     chunked_rows,
+    kept_locally,
     portability,
     row_bytes,
     row_nbytes,
@@ -64,7 +66,7 @@ from .open import (
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
-from .remote.cachereport import CacheReport, cache_report
+from .remote.cachereport import CacheReport, cache_bytes_on_disk, cache_report
 from .remote.cachespec import CacheSpec, cache_spec
 from .remote.errors import remote_error
 from .remote.glob import expand_url
@@ -104,6 +106,7 @@ __all__ = [
     "Encoded",
     "Format",
     "GatherInto",
+    "KeptLocally",
     "Portability",
     "Prefetch",
     "ReadPiecesInto",
@@ -120,6 +123,7 @@ __all__ = [
     "array_keys",
     "as_source",
     "as_source_for_copy",
+    "cache_bytes_on_disk",
     "cache_report",
     "cache_spec",
     "chunked_rows",
@@ -132,6 +136,7 @@ __all__ = [
     "is_store_dir",
     "forget_filesystems",
     "is_url",
+    "kept_locally",
     "mark_complete",
     "open_array",
     "open_for_copy",

@@ -142,6 +142,10 @@ class RemoteH5Source:
     def chunks(self) -> tuple[int, ...] | None:
         return self._chunks
 
+    def kept_locally(self) -> bool:
+        """Whether the blocks read are kept in a local cache."""
+        return self._blocks is not None and self._blocks.kept_locally
+
     def portability(self) -> Portability:
         return REOPENS  # the URL and storage options travel; the other process fetches
 

@@ -57,6 +57,10 @@ class RemoteNpySource:
     def __len__(self) -> int:
         return self._shape[0] if self._shape else 0
 
+    def kept_locally(self) -> bool:
+        """Whether the blocks read are kept in a local cache."""
+        return self._blocks is not None and self._blocks.kept_locally
+
     def portability(self) -> Portability:
         return REOPENS  # the URL and storage options travel; the other process fetches
 

@@ -59,6 +59,10 @@ class BlockFetcher(Fetcher):
         start, end = self._bounds(key)
         return f"{self.url}#bytes={start}-{end - 1}"
 
+    @property
+    def kept_locally(self) -> bool:
+        return self.cache is not None and self.version is not None
+
     def _version(self, key: str) -> str | bool | None:
         return self.version if self.cache is not None else None
 

@@ -40,11 +40,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import crc32c
+import numpy as np
 
 from ..._errors import CacheError
 from ..._forks import renew_after_fork
+from .. import workbuffers
 from .cacheclaims import claim
-from .cacheindex import Index
+from .cacheindex import Entry, Index
 
 __all__ = [
     "WAIT_SECONDS",
@@ -132,7 +134,15 @@ def _digest(text: str, size: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:size]
 
 
-def _checksum(data: bytes) -> int:
+def _read_into(f: Any, view: memoryview) -> int:
+    """Fill ``view`` from the file ``f``, continuing short reads; the bytes read."""
+    got = 0
+    while got < len(view) and (n := f.readinto(view[got:])):
+        got += n
+    return got
+
+
+def _checksum(data: Any) -> int:
     return int(crc32c.crc32c(data, gil_release_mode=1))
 
 
@@ -197,9 +207,30 @@ class DiskCache:
             if held is not None:
                 held.release()
 
+    def has(self, name: str, version: str) -> bool:
+        """Whether the index holds a copy of ``name`` at ``version`` (not checked yet)."""
+        try:
+            entry = self.index.lookup(_digest(name, 40))
+        except sqlite3.Error:
+            return False
+        return entry is not None and entry.version == _digest(version, 32)
+
     def read(self, key: str, version: str) -> bytes | None:
         """The checked copy of ``key`` at ``version``, or None; a copy that fails its check is
         dropped and counted."""
+        found = self._read(key, version, lend=False)
+        return None if found is None else bytes(found[0])
+
+    def read_lent(self, name: str, version: str) -> tuple[memoryview, np.ndarray] | None:
+        """Like :meth:`read` for the object ``name``, in a work buffer lent to the caller, who
+        gives it back (``workbuffers.give``) once it is used: memory never touched before
+        costs a page fault per page, more than reading it from the page cache."""
+        found = self._read(_digest(name, 40), _digest(version, 32), lend=True)
+        if found is None or found[1] is None:
+            return None
+        return found[0], found[1]
+
+    def _read(self, key: str, version: str, *, lend: bool) -> tuple[Any, np.ndarray | None] | None:
         try:
             entry = self.index.lookup(key)
             if entry is None:
@@ -207,23 +238,38 @@ class DiskCache:
             if entry.version != version:
                 self.index.drop(entry.file, "stale_dropped")
                 return None
-            try:
-                with open(self._path(entry.file), "rb") as f:
-                    data = f.read(entry.size + 1)
-            except FileNotFoundError:  # evicted since the lookup, or deleted by another tool
-                if self.index.holds(entry.file):
-                    self.index.drop(entry.file, "corrupt_dropped")
-                return None
-            if len(data) != entry.size or _checksum(data) != entry.crc:
-                self.index.drop(entry.file, "corrupt_dropped")
-                return None
+            found = self._load(entry, lend)
         except (sqlite3.Error, OSError):  # a cache that fails is read around, never in the way
             return None
-        with self._lock:
-            self._used[entry.file] = time.time()
-            self._counts["hits"] += 1
-            self._schedule()
-        return data
+        if found is not None:
+            with self._lock:
+                self._used[entry.file] = time.time()
+                self._counts["hits"] += 1
+                self._schedule()
+        return found
+
+    def _load(self, entry: Entry, lend: bool) -> tuple[Any, np.ndarray | None] | None:
+        """The bytes of ``entry``'s file if they pass its check (in a lent buffer if ``lend``),
+        else None, with the entry dropped and counted unless it was evicted meanwhile."""
+        buffer = workbuffers.work.take(entry.size + 1) if lend else None
+        gone = False
+        try:
+            with open(self._path(entry.file), "rb", buffering=0) as f:
+                if buffer is not None:
+                    data: Any = buffer.data[: _read_into(f, buffer.data[: entry.size + 1])]
+                else:
+                    data = f.readall()
+            if len(data) == entry.size and _checksum(data) == entry.crc:
+                return data, buffer
+        except FileNotFoundError:  # evicted since the lookup, or deleted by another tool
+            gone = True
+        except BaseException:
+            workbuffers.work.give(buffer)
+            raise
+        workbuffers.work.give(buffer)
+        if not gone or self.index.holds(entry.file):
+            self.index.drop(entry.file, "corrupt_dropped")
+        return None
 
     def store(self, key: str, version: str, data: bytes, limit: int) -> None:
         """Keep ``data`` as ``key`` at ``version``, if room can be made for it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any
 from ..._errors import ConfigError
 from .cachespec import cache_spec
 
-__all__ = ["CacheReport", "cache_report"]
+__all__ = ["CacheReport", "cache_bytes_on_disk", "cache_report"]
 
 
 def _size(n: float) -> str:
@@ -115,3 +116,26 @@ def cache_report(
         bytes_held=totals.pop("held"),
         **{f.name: totals[f.name] for f in dataclasses.fields(CacheReport) if f.name in totals},
     )
+
+
+def cache_bytes_on_disk(directory: str | os.PathLike[str]) -> int:
+    """The bytes of every object file under the cache ``directory``, written or being written
+    (what the limit bounds). Counted while the index's write lock is held: a walk of the
+    folders is not instant, and a file evicted from a folder already counted and one written to
+    a folder not counted yet would otherwise both count. (Files being written then are those
+    whose bytes are reserved.)"""
+    import sqlite3
+
+    index = os.path.join(directory, "index.sqlite")
+    with contextlib.closing(sqlite3.connect(index, timeout=60, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            total = 0
+            for part in ("objects", "tmp"):
+                for root, _, names in os.walk(os.path.join(directory, part)):
+                    for name in names:
+                        with contextlib.suppress(FileNotFoundError):  # (removed by something else)
+                            total += os.stat(os.path.join(root, name)).st_size
+            return total
+        finally:
+            db.execute("ROLLBACK")

@@ -17,15 +17,18 @@ tells its changes apart) is fetched as without a cache.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import pickle
 import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from .cache import open_cache
 from .cachespec import CacheSpec
@@ -40,6 +43,8 @@ IN_FLIGHT = 64
 ATTEMPTS = 5
 #: Seconds before the first retry; doubled for each further one, plus a random part of up to half.
 BACKOFF = 0.1
+#: Keys a :class:`Fetcher` remembers finding in the local cache (then forgets them all).
+MAX_LOCAL_KEYS = 1 << 16
 #: Bytes of fetched objects a :class:`Fetcher` keeps (``ARRAYFEED_REMOTE_CACHE_BYTES`` overrides).
 CACHE_BYTES = 512 << 20
 
@@ -79,6 +84,25 @@ def cache_bytes() -> int:
         return CACHE_BYTES
 
 
+class _Deferred(Future[bytes | None]):
+    """A fetch run by the first thread that asks for its result, in that thread."""
+
+    def __init__(self, work: Callable[[], bytes | None]) -> None:
+        super().__init__()
+        self._work: Callable[[], bytes | None] | None = work
+        self._claim = threading.Lock()
+
+    def result(self, timeout: float | None = None) -> bytes | None:
+        with self._claim:
+            work, self._work = self._work, None
+        if work is not None:
+            try:
+                self.set_result(work())
+            except BaseException as exc:
+                self.set_exception(exc)
+        return super().result(timeout)
+
+
 class Fetcher:
     """Objects under ``root`` of ``fs`` (keys relative to it), fetched many at once.
 
@@ -115,11 +139,21 @@ class Fetcher:
         self._held = 0
         self._semaphore: asyncio.Semaphore | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._local: set[str] = set()  # keys found in the local cache (asked once, not per read)
         self.requests = 0  # objects requested (for tests and benchmarks)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_entries", "_sizes", "_held", "_semaphore", "_pool", "requests"):
+        for name in (
+            "_lock",
+            "_entries",
+            "_sizes",
+            "_held",
+            "_semaphore",
+            "_pool",
+            "_local",
+            "requests",
+        ):
             del state[name]
         return state
 
@@ -133,15 +167,43 @@ class Fetcher:
             self._reset()
 
     def fetch(self, keys: Iterable[str]) -> None:
-        """Start fetching every key not fetched or in flight yet."""
+        """Start fetching every key not fetched or in flight yet (nor in the local cache: read
+        from there when asked for)."""
         self._forked()
         with self._lock:
             for key in keys:
                 if key in self._entries:
                     self._entries.move_to_end(key)
-                else:
+                elif not self._on_disk(key):
                     self._entries[key] = self._start(key)
             self._evict()
+
+    def get_lent(self, key: str) -> tuple[Any, np.ndarray | None]:
+        """Like :meth:`get`, but a copy from the local cache comes in a work buffer lent to the
+        caller (the second item), who gives it back (``workbuffers.give``) once it is used, and
+        is not kept in memory here: the page cache keeps it, and a fresh buffer per object
+        costs a page fault per page."""
+        self._forked()
+        version = self._version(key)
+        if isinstance(version, str) and self.cache is not None and key not in self._entries:
+            lent = open_cache(self.cache.directory).read_lent(self._name(key), version)
+            if lent is not None:
+                return lent
+            self._local.discard(key)  # gone meanwhile (evicted, or dropped as corrupt)
+        return self.get(key), None
+
+    def _on_disk(self, key: str) -> bool:
+        if key in self._local:
+            return True
+        version = self._version(key)
+        if not isinstance(version, str) or self.cache is None:
+            return False
+        if not open_cache(self.cache.directory).has(self._name(key), version):
+            return False
+        if len(self._local) >= MAX_LOCAL_KEYS:
+            self._local.clear()
+        self._local.add(key)
+        return True
 
     def get(self, key: str) -> bytes | None:
         """The bytes of ``key`` (None: no such object), once they arrived."""
@@ -160,6 +222,11 @@ class Fetcher:
                 if self._entries.get(key) is future:
                     del self._entries[key]
             raise
+
+    @property
+    def kept_locally(self) -> bool:
+        """Whether fetched objects go to a local cache (their versions are known)."""
+        return self.cache is not None and self.versions is not None
 
     def _request(self, key: str) -> tuple[str, dict[str, Any]]:
         """The path of ``key`` and the keyword arguments of ``cat_file`` that fetch it."""
@@ -182,8 +249,13 @@ class Fetcher:
         if version is False:
             future = Future()
             future.set_result(None)
-        elif isinstance(version, str):
-            future = self._threads(self.in_flight).submit(self._cached, key, version)
+        elif isinstance(version, str) and self.cache is not None:
+            if self._on_disk(key):
+                # Read when asked for, in the thread that asks, as a local file is: no hand-off
+                # to a thread of ours, none of them busy with what a reader thread can do.
+                future = _Deferred(functools.partial(self._cached, key, version))
+            else:
+                future = self._threads(self.in_flight).submit(self._cached, key, version)
         elif self._async():
             self.requests += 1
             future = asyncio.run_coroutine_threadsafe(self._get_async(key), self.fs.loop)

@@ -301,7 +301,7 @@ class ChunkReader:
         data: Any
         raw = decoded = None
         if self.fetcher is not None:
-            data = self.fetcher.get(key)
+            data, raw = self.fetcher.get_lent(key)
         else:
             assert self.root is not None
             data, raw = self._read_file(os.path.join(self.root, key))

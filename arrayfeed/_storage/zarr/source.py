@@ -69,6 +69,11 @@ class ZarrSource:
             return REOPENS
         return Portability("stays", f"a Zarr array in a {type(store).__name__}")
 
+    def kept_locally(self) -> bool:
+        """Whether chunks fetched from object storage are kept in a local cache."""
+        reader = self.chunk_reader
+        return reader is not None and reader.fetcher is not None and reader.fetcher.kept_locally
+
     def prefetch(self, starts: Sequence[int], stops: Sequence[int]) -> None:
         """Start fetching rows ``[starts[i], stops[i])`` from object storage (a window of
         blocks); nothing for local arrays."""
