@@ -62,6 +62,7 @@ from .open import (
     open_array,
     open_for_copy,
     open_region_writer,
+    open_source,
     open_written,
     written_by_arrayfeed,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "open_array",
     "open_for_copy",
     "open_region_writer",
+    "open_source",
     "open_written",
     "portability",
     "remote_error",

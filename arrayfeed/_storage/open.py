@@ -41,6 +41,7 @@ __all__ = [
     "open_array",
     "open_for_copy",
     "open_region_writer",
+    "open_source",
     "open_written",
     "written_by_arrayfeed",
 ]
@@ -107,6 +108,17 @@ def open_array(
     """
     options = OpenOptions(strict=strict, field=field, decode_cf=decode_cf)
     return _open(path, key, options, storage_options, cache_spec(cache, cache_limit))
+
+
+def open_source(
+    path: PathLike,
+    key: str | None,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: CacheSpec | None = None,
+) -> Source:
+    """:func:`open_array` with its default options, a URL read through ``cache`` (see
+    :func:`~.remote.cachespec.cache_spec`) if given."""
+    return _open(path, key, OpenOptions(), storage_options, cache)
 
 
 def open_for_copy(
@@ -241,7 +253,7 @@ def _as_source(
     cache: CacheSpec | None = None,
 ) -> Source:
     if isinstance(obj, (str, os.PathLike, RemotePath)):
-        return _open(obj, None, OpenOptions(), storage_options, cache)
+        return open_source(obj, None, storage_options, cache)
     known = backends()
     # The backends first: the protocol check reads attributes (a closed h5py.Dataset raises).
     for backend in known:
