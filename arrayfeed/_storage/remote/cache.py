@@ -200,8 +200,7 @@ class DiskCache:
                     return data
             data = download()
             if data is not None:
-                self._count(misses=1, bytes_fetched=len(data))
-                self.store(key, version, data, limit)
+                self.store(key, version, data, limit, misses=1, bytes_fetched=len(data))
             return data
         finally:
             if held is not None:
@@ -271,15 +270,16 @@ class DiskCache:
             self.index.drop(entry.file, "corrupt_dropped")
         return None
 
-    def store(self, key: str, version: str, data: bytes, limit: int) -> None:
-        """Keep ``data`` as ``key`` at ``version``, if room can be made for it."""
+    def store(self, key: str, version: str, data: bytes, limit: int, **counts: int) -> None:
+        """Keep ``data`` as ``key`` at ``version``, if room can be made for it; ``counts`` are
+        written with it (a download's, which no process that ends abruptly may lose)."""
         file = key[:24] + secrets.token_hex(8)
         try:
             if not self.index.reserve(key, version, len(data), _checksum(data), limit, file):
-                self._count(skipped=1)
+                self.index.record({}, {**counts, "skipped": 1})
                 return
         except sqlite3.Error:
-            self._count(skipped=1)
+            self._count(**counts, skipped=1)
             return
         tmp, final = os.path.join(self._tmp, file), self._path(file)
         try:
@@ -288,8 +288,9 @@ class DiskCache:
                 f.write(data)
             os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
             os.replace(tmp, final)
-            self.index.publish(file, key)
+            self.index.publish(file, key, counts)
         except (OSError, sqlite3.Error):  # a full disk: the object is not kept, nothing breaks
+            self._count(**counts)
             with contextlib.suppress(OSError, sqlite3.Error):
                 self.index.drop(file, "skipped")
 

@@ -192,9 +192,11 @@ class Index:
             self._add(db, {"held": size, "evicted": evicted})
         return True
 
-    def publish(self, file: str, key: str) -> None:
-        """``file`` is written: readers may use it; older copies of ``key`` go."""
+    def publish(self, file: str, key: str, counts: Mapping[str, int]) -> None:
+        """``file`` is written: readers may use it; older copies of ``key`` go; ``counts`` are
+        added."""
         with self._write() as db:
+            self._add(db, counts)
             db.execute("UPDATE entries SET ready = 1, used = ? WHERE file = ?", (time.time(), file))
             for (old,) in db.execute(
                 "SELECT file FROM entries WHERE key = ? AND file != ? AND ready = 1", (key, file)
