@@ -262,6 +262,7 @@ def _add_bench(subparsers: SubParsers) -> None:
         "--seconds", type=float, default=3.0, metavar="S", help="time per measurement (default 3)"
     )
     _add_storage_option(parser)
+    _add_cache(parser)
     parser.set_defaults(run=_run_bench)
 
 
@@ -270,7 +271,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     options = parse_storage_options(args.storage_options)
     report = bench(
-        args.paths, batch_size=args.batch_size, seconds=args.seconds, storage_options=options
+        args.paths,
+        batch_size=args.batch_size,
+        seconds=args.seconds,
+        storage_options=options,
+        **_cache(args),
     )
     print(report.format())
     return 0

@@ -286,3 +286,40 @@ def test_verify_and_inspect_take_the_cache_on_the_command_line(
     assert main(["inspect", url, *flags]) == 0
     assert main(["inspect", url, "--cache-limit", "5"]) == 1
     assert "`cache_limit` (5) needs `cache`" in capsys.readouterr().err
+
+
+def test_from_arrays_and_batches_read_every_url_leaf_through_the_cache(
+    stores: tuple[Path, str], proxy: LatencyProxy, tmp_path: Path
+) -> None:
+    local, url = stores
+    cache = tmp_path / "cache"
+    labels = tmp_path / "labels.npy"  # a local leaf beside them: read as it is
+    np.save(labels, np.arange(ROWS))
+    kwargs: dict[str, Any] = {"batch_size": 100, "seed": 3, "shard": None, "cache": cache}
+    b = af.batches({"x": f"{url}:x", "y": f"{url}:y", "i": str(labels)}, **kwargs)
+    first = [{k: v.tobytes() for k, v in batch.items()} for batch in b]
+    before = proxy.requests.copy()
+    second = [{k: v.tobytes() for k, v in batch.items()} for batch in b]
+    assert proxy.requests == before and first != second  # epoch 2 from the cache
+    expected = af.batches({"x": f"{local}:x", "y": f"{local}:y", "i": str(labels)}, **kwargs)
+    assert first == [{k: v.tobytes() for k, v in batch.items()} for batch in expected]
+    assert af.cache_report(cache).objects == 2 * CHUNKS  # (its default limit)
+    ds = af.from_arrays(f"{url}:x", batch_size=100, shuffle=False, cache=cache)
+    got = np.concatenate([np.asarray(batch) for batch in ds])
+    assert got.tobytes() == _data()["x"].tobytes()
+    with pytest.raises(af.ConfigError, match=r"`cache_limit` \(5\) needs `cache`"):
+        af.batches(f"{url}:x", cache_limit=5)
+
+
+def test_bench_advises_the_cache_and_reports_it(
+    stores: tuple[Path, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, url = stores
+    plain = af.bench([f"x={url}:x"], seconds=0.2, modes=("block",))
+    assert plain.cache is None and any("--cache DIR" in line for line in plain.advice)
+    cache = tmp_path / "cache"
+    kept = af.bench({"x": f"{url}:x"}, seconds=0.2, modes=("block",), cache=cache)
+    assert kept.cache is not None and kept.cache.misses == CHUNKS
+    assert not any("--cache DIR" in line for line in kept.advice)
+    assert main(["bench", f"x={url}:x", "--seconds", "0.1", "--cache", str(cache)]) == 0
+    assert f"cache {cache}: " in capsys.readouterr().out
