@@ -37,7 +37,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import crc32c
 import numpy as np
@@ -45,7 +45,7 @@ import numpy as np
 from ..._errors import CacheError
 from ..._forks import renew_after_fork
 from .. import workbuffers
-from .cacheclaims import claim
+from .cacheclaims import Claim, claim
 from .cacheindex import Entry, Index
 
 __all__ = [
@@ -59,6 +59,8 @@ __all__ = [
 
 #: Seconds a process waits for an object another one is downloading before it fetches it itself.
 WAIT_SECONDS = 120.0
+#: Rows of the index a :class:`DiskCache` remembers (then it forgets them all).
+MAX_KNOWN = 1 << 16
 #: Seconds between writes of this process's hits and uses to the index.
 FLUSH_SECONDS = 0.5
 
@@ -161,6 +163,7 @@ class DiskCache:
         self._counts: Counter[str] = Counter()
         self._used: dict[str, float] = {}
         self._timer: threading.Timer | None = None
+        self._known: dict[str, Entry] = {}  # key -> its row, as last seen here
         with contextlib.suppress(sqlite3.Error):
             self.index.reclaim()
         atexit.register(self.flush)
@@ -184,7 +187,7 @@ class DiskCache:
         if data is not None:
             return data
         deadline, delay = time.monotonic() + WAIT_SECONDS, 0.001
-        held = claim(self._claims, key)
+        held = self._claim(key)
         while held is None and time.monotonic() < deadline:
             time.sleep(delay)
             delay = min(2 * delay, 0.05)
@@ -192,7 +195,9 @@ class DiskCache:
             if data is not None:
                 self._count(waits=1)
                 return data
-            held = claim(self._claims, key)
+            held = self._claim(key)
+        if held is False:
+            held = None
         try:
             if held is not None:  # written by the claim's holder just before it let go?
                 data = self.read(key, version)
@@ -205,6 +210,14 @@ class DiskCache:
         finally:
             if held is not None:
                 held.release()
+
+    def _claim(self, key: str) -> Claim | Literal[False] | None:
+        """The claim on ``key``; None while another process holds it; False when claims
+        cannot be made here (then the object is fetched without one)."""
+        try:
+            return claim(self._claims, key)
+        except OSError:
+            return False
 
     def has(self, name: str, version: str) -> bool:
         """Whether the index holds a copy of ``name`` at ``version`` (not checked yet)."""
@@ -231,20 +244,38 @@ class DiskCache:
 
     def _read(self, key: str, version: str, *, lend: bool) -> tuple[Any, np.ndarray | None] | None:
         try:
-            entry = self.index.lookup(key)
-            if entry is None:
+            # The row this process saw last, then the index's: a file name is never used again,
+            # so a file that is still there is the one that row describes (or is caught by its
+            # check), and a hit asks nothing of the index.
+            for remembered in (True, False):
+                entry = self._known.get(key) if remembered else self.index.lookup(key)
+                if entry is None:
+                    if remembered:
+                        continue
+                    return None
+                if entry.version != version:
+                    if remembered:
+                        self._known.pop(key, None)
+                        continue
+                    self.index.drop(entry.file, "stale_dropped")
+                    return None
+                found = self._load(entry, lend)
+                if found is not None:
+                    break
+                self._known.pop(key, None)
+                if not remembered:
+                    return None
+            else:
                 return None
-            if entry.version != version:
-                self.index.drop(entry.file, "stale_dropped")
-                return None
-            found = self._load(entry, lend)
         except (sqlite3.Error, OSError):  # a cache that fails is read around, never in the way
             return None
-        if found is not None:
-            with self._lock:
-                self._used[entry.file] = time.time()
-                self._counts["hits"] += 1
-                self._schedule()
+        if len(self._known) >= MAX_KNOWN:
+            self._known.clear()
+        self._known[key] = entry
+        with self._lock:
+            self._used[entry.file] = time.time()
+            self._counts["hits"] += 1
+            self._schedule()
         return found
 
     def _load(self, entry: Entry, lend: bool) -> tuple[Any, np.ndarray | None] | None:
