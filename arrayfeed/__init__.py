@@ -16,6 +16,7 @@ from ._conversion.inspect import InspectReport, inspect
 from ._conversion.verify import VerifyReport, verify
 from ._errors import (
     ArrayfeedError,
+    CacheError,
     ConfigError,
     CorruptDataError,
     DestinationError,
@@ -34,10 +35,12 @@ from ._pipeline.api.batches import Batches, batches, state, tuning
 from ._pipeline.plan.shard import Shard
 from ._pipeline.tune.report import Bound, Tuning
 from ._storage import (
+    CacheReport,
     Chunked,
     ConversionRecord,
     GatherInto,
     Source,
+    cache_report,
     open_array,
     written_by_arrayfeed,
 )
@@ -98,6 +101,8 @@ __all__ = [
     "Batches",
     "BenchReport",
     "Bound",
+    "CacheError",
+    "CacheReport",
     "Chunked",
     "ConfigError",
     "ConversionRecord",
@@ -124,6 +129,7 @@ __all__ = [
     "__version__",
     "batches",
     "bench",
+    "cache_report",
     "convert",
     "distribute",
     "distributed_steps",

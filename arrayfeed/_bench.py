@@ -23,11 +23,15 @@ from ._errors import ConfigError
 from ._pipeline.plan.shuffles import BLOCK, FULL, STORAGE_ORDER, shuffle_mode
 from ._pipeline.tune.report import Tuning
 from ._storage import (
+    CacheReport,
     Source,
     array_keys,
     as_source,
+    cache_report,
+    cache_spec,
     chunked_rows,
-    open_array,
+    is_url,
+    open_source,
     row_bytes,
     split_spec,
 )
@@ -50,6 +54,8 @@ class BenchReport:
     advice: list[str] = field(default_factory=list)
     #: How each mode's pass read: the groups read at once it chose, and the rows/s per setting.
     tuning: dict[str, Tuning] = field(default_factory=dict)
+    #: What the cache of object storage (``cache=``) did while measuring; None without one.
+    cache: CacheReport | None = None
 
     def format(self) -> str:
         """A small table and the advice, for the terminal."""
@@ -71,6 +77,8 @@ class BenchReport:
                 f"tuning had not settled in {', '.join(unsettled)}: those rows/s are of the "
                 "settings shown, measured while tuning (a longer run settles: --seconds)"
             )
+        if self.cache is not None:
+            lines.append(str(self.cache))
         lines += [f"- {line}" for line in self.advice]
         return "\n".join(lines)
 
@@ -128,6 +136,8 @@ def bench(
     seconds: float = 3.0,
     modes: tuple[str, ...] = (FULL.name, BLOCK.name, STORAGE_ORDER.name),
     storage_options: Mapping[str, Any] | None = None,
+    cache: str | os.PathLike[str] | bool | None = None,
+    cache_limit: int | None = None,
 ) -> BenchReport:
     """Time :func:`arrayfeed.batches` over ``arrays`` (name -> array-like or path) for each
     shuffle mode (NumPy batches: no TensorFlow).
@@ -138,7 +148,8 @@ def bench(
 
     Each mode reads for ``seconds`` after its first batch, epoch after epoch as ``fit`` reads
     them (a short epoch alone would time its start-up, and give the tuner nothing to measure).
-    Paths may be URLs, opened with ``storage_options`` (see :func:`arrayfeed.open_array`).
+    Paths may be URLs, opened with ``storage_options`` and read through ``cache`` (see
+    :func:`arrayfeed.open_array`): the report then says what the cache did.
     Returns a :class:`BenchReport` whose ``advice`` says which mode to use and whether
     converting the data (``arrayfeed convert``) would pay off.
 
@@ -147,13 +158,20 @@ def bench(
     >>> report.rows, sorted(report.modes)
     (5000, ['full'])
     """
+    kept = cache_spec(cache, cache_limit)
     if not isinstance(arrays, Mapping):
         specs = [arrays] if isinstance(arrays, (str, os.PathLike)) else arrays
-        arrays = arrays_at([os.fspath(s) for s in specs], storage_options=storage_options)
+        named = {os.fspath(s).partition("=")[2] or os.fspath(s) for s in specs}
+        arrays = arrays_at(
+            [os.fspath(s) for s in specs], storage_options=storage_options, cache=kept
+        )
+    else:
+        named = {value for value in arrays.values() if isinstance(value, str)}
     sources = {
-        name: as_source(value, name, storage_options=storage_options)
+        name: as_source(value, name, storage_options=storage_options, cache=kept)
         for name, value in arrays.items()
     }
+    before = cache_report(kept.directory, kept.limit) if kept else None
     for name, source in sources.items():
         check_feedable(source, name)
     n = min(len(s) for s in sources.values())
@@ -180,8 +198,16 @@ def bench(
         ceiling=ceiling,
         chunk_rows={name: getattr(s, "chunk_rows", None) for name, s in sources.items()},
         tuning={mode: tuned for mode, (_, tuned) in passes.items()},
+        cache=cache_report(kept.directory, kept.limit).since(before) if kept and before else None,
     )
     report.advice.extend(_advise(report, sources))
+    if kept is None and any(map(is_url, named)):
+        report.advice.append(
+            "the arrays are on object storage: every epoch fetches again what a process does not "
+            f"hold in memory (up to {n * bytes_per_row / 2**20:,.0f} MiB a pass), and every "
+            "process and restarted job all of it; --cache DIR (cache=DIR) keeps them on local "
+            "disk, checked on every read, and later epochs read them there."
+        )
     return report
 
 
@@ -225,7 +251,7 @@ def _splits_rows(source: Any) -> bool:
 
 
 def arrays_at(
-    specs: list[str], *, storage_options: Mapping[str, Any] | None = None
+    specs: list[str], *, storage_options: Mapping[str, Any] | None = None, cache: Any = None
 ) -> dict[str, Source]:
     """The arrays named on a command line: ``NAME=PATH[:KEY]``, ``PATH:KEY`` (named KEY), a
     ``.npy`` file (named after the file), or a whole HDF5 file / Zarr group (every array in it,
@@ -244,13 +270,11 @@ def arrays_at(
         if not sep:
             name, rest = "", spec
         path, key = (rest, None) if os.path.lexists(rest) else split_spec(rest)  # as open_array
-        keys = array_keys(path, storage_options) if key is None else None
+        keys = array_keys(path, storage_options, cache) if key is None else None
         if keys is None:
-            found = {
-                name or key or _stem(path): open_array(path, key, storage_options=storage_options)
-            }
+            found = {name or key or _stem(path): open_source(path, key, storage_options, cache)}
         else:
-            found = {k: open_array(path, k, storage_options=storage_options) for k in keys}
+            found = {k: open_source(path, k, storage_options, cache) for k in keys}
         if name and len(found) != 1:
             raise ConfigError(
                 f"'{spec}' names {len(found)} arrays; give one with NAME=PATH:KEY or drop NAME."

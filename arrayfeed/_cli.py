@@ -138,6 +138,26 @@ def _add_storage_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep the objects read from object storage in DIR (local disk, shared by every "
+        "process of the host), each checked when read again",
+    )
+    parser.add_argument(
+        "--cache-limit",
+        type=int,
+        metavar="BYTES",
+        help="the most bytes --cache holds (default: half the free disk there)",
+    )
+
+
+def _cache(args: argparse.Namespace) -> dict[str, Any]:
+    """``--cache`` and ``--cache-limit`` as the public API's keyword arguments."""
+    return {"cache": args.cache, "cache_limit": args.cache_limit}
+
+
 def _add_convert(subparsers: SubParsers) -> None:
     parser = subparsers.add_parser(
         "convert",
@@ -242,6 +262,7 @@ def _add_bench(subparsers: SubParsers) -> None:
         "--seconds", type=float, default=3.0, metavar="S", help="time per measurement (default 3)"
     )
     _add_storage_option(parser)
+    _add_cache(parser)
     parser.set_defaults(run=_run_bench)
 
 
@@ -250,7 +271,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     options = parse_storage_options(args.storage_options)
     report = bench(
-        args.paths, batch_size=args.batch_size, seconds=args.seconds, storage_options=options
+        args.paths,
+        batch_size=args.batch_size,
+        seconds=args.seconds,
+        storage_options=options,
+        **_cache(args),
     )
     print(report.format())
     return 0
@@ -270,11 +295,13 @@ def _add_inspect(subparsers: SubParsers) -> None:
     )
     parser.add_argument("path", metavar="PATH")
     _add_storage_option(parser)
+    _add_cache(parser)
     parser.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    print(inspect(args.path, storage_options=parse_storage_options(args.storage_options)))
+    options = parse_storage_options(args.storage_options)
+    print(inspect(args.path, storage_options=options, **_cache(args)))
     return 0
 
 
@@ -294,12 +321,14 @@ def _add_verify(subparsers: SubParsers) -> None:
     parser.add_argument("path", metavar="PATH")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _add_storage_option(parser)
+    _add_cache(parser)
     parser.set_defaults(run=_run_verify)
 
 
 def _run_verify(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_options)
-    print(verify(args.path, progress=False if args.quiet else None, storage_options=options))
+    progress = False if args.quiet else None
+    print(verify(args.path, progress=progress, storage_options=options, **_cache(args)))
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArrayfeedError",
+    "CacheError",
     "ConfigError",
     "CorruptDataError",
     "DestinationError",
@@ -54,6 +55,11 @@ class SourceUnavailableError(ArrayfeedError, OSError):
 
 class CorruptDataError(ArrayfeedError, OSError):
     """Stored data is truncated, corrupted, missing or changed since it was opened."""
+
+
+class CacheError(ArrayfeedError, OSError):
+    """The cache directory of objects fetched from object storage cannot be used: not a
+    directory, owned by another user, not writable, or its index is damaged."""
 
 
 class LoaderError(ArrayfeedError, RuntimeError):

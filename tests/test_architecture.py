@@ -109,14 +109,15 @@ def _subpackages() -> list[Path]:
 
 
 def _registrations(package: Path) -> list[int]:
-    """Lines of the package's modules that call ``register(...)``."""
+    """Lines of the package's modules that call ``register(...)`` (not ``atexit.register``)."""
     lines = []
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-                if name == "register":
+                owner = getattr(getattr(func, "value", None), "id", None)
+                if name == "register" and owner != "atexit":
                     lines.append(node.lineno)
     return lines
 

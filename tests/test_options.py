@@ -28,6 +28,8 @@ KNOBS = [
     "map_processes",
     "sparse",
     "storage_options",
+    "cache",
+    "cache_limit",
     "processes",
 ]
 ENTRY_POINTS = [af.from_arrays, af.batches]

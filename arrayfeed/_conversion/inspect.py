@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._storage import ArrayLayout, ConversionRecord, describe
+from .._storage import ArrayLayout, ConversionRecord, cache_spec, describe
 from .layout import assess, format_bytes
 from .specs import locate, pick
 
@@ -110,7 +110,11 @@ class InspectReport:
 
 
 def inspect(
-    path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+    path: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: str | os.PathLike[str] | bool | None = None,
+    cache_limit: int | None = None,
 ) -> InspectReport:
     """Describe how the arrays in ``path`` are stored and whether that suits shuffled batch reads.
 
@@ -126,6 +130,8 @@ def inspect(
             file named with a ``:``, is taken whole).
         storage_options: For a URL: options of its fsspec filesystem (credentials,
             ``endpoint_url`` …; see :func:`arrayfeed.open_array`).
+        cache, cache_limit: For a URL: the local cache its objects are read through (see
+            :func:`arrayfeed.open_array`); an HDF5 file's metadata is then read once.
 
     Returns:
         An :class:`InspectReport`; print it for the text ``arrayfeed inspect`` shows.
@@ -147,7 +153,7 @@ def inspect(
     ['x']
     """
     p, key = locate(path)
-    info = describe(p, storage_options)
+    info = describe(p, storage_options, cache_spec(cache, cache_limit))
     layouts = list(info.arrays)
     if key is not None:
         key = pick(p, key, [a.name for a in layouts])

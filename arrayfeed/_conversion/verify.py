@@ -30,6 +30,7 @@ from .._storage import (
     RemotePath,
     Source,
     SparseRows,
+    cache_spec,
     open_array,
     open_written,
     row_bytes,
@@ -80,6 +81,8 @@ def verify(
     *,
     progress: bool | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    cache: str | os.PathLike[str] | bool | None = None,
+    cache_limit: int | None = None,
 ) -> VerifyReport:
     """Re-read a store written by :func:`arrayfeed.convert` and check it against its record.
 
@@ -95,6 +98,8 @@ def verify(
         progress: Draw a progress bar on stderr; None draws it only when stderr is a terminal.
         storage_options: For a URL (``s3://bucket/train.zarr``): options of its fsspec
             filesystem (see :func:`arrayfeed.open_array`).
+        cache, cache_limit: For a URL: read its objects through this local cache (see
+            :func:`arrayfeed.open_array`), which then holds them for training.
 
     Returns:
         A :class:`VerifyReport`; print it for the one-line verdict.
@@ -115,9 +120,15 @@ def verify(
     'x'
     """
     p, key = locate(path)
+    spec = cache_spec(cache, cache_limit)
+    opening = {
+        "storage_options": storage_options,
+        "cache": spec.directory if spec else None,
+        "cache_limit": spec.limit if spec else None,
+    }
     record = _record_of(p, storage_options)
     chosen = _Chosen.of(record, key, p)
-    sources = _open_checked(p, chosen, record, storage_options)
+    sources = _open_checked(p, chosen, record, opening)
     started = time.perf_counter()
     found, nbytes = _read_back(sources, chosen, record, progress)
     _compare(p, found, record)
@@ -193,15 +204,14 @@ def _open_checked(
     p: Path | str,
     chosen: _Chosen,
     record: ConversionRecord,
-    storage_options: Mapping[str, Any] | None,
+    opening: Mapping[str, Any],
 ) -> dict[str, Source]:
-    """The arrays ``chosen`` names, opened, each of the length and every sparse matrix of the
-    shape the record gives (the store was changed after it was written otherwise)."""
-    sources = {
-        name: open_array(p, name, storage_options=storage_options) for name in chosen.lengths
-    }
+    """The arrays ``chosen`` names, opened (with the keyword arguments ``opening``), each of the
+    length and every sparse matrix of the shape the record gives (the store was changed after
+    it was written otherwise)."""
+    sources = {name: open_array(p, name, **opening) for name in chosen.lengths}
     for matrix in chosen.matrices:
-        _check_sparse(p, matrix, open_array(p, matrix, storage_options=storage_options), record)
+        _check_sparse(p, matrix, open_array(p, matrix, **opening), record)
     for name, source in sources.items():
         if len(source) != chosen.lengths[name]:
             raise CorruptDataError(

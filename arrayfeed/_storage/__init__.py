@@ -32,6 +32,7 @@ from .base import (
     Closeable,
     Encoded,
     GatherInto,
+    KeptLocally,
     Portability,
     Prefetch,
     ReadPiecesInto,
@@ -41,6 +42,7 @@ from .base import (
     SparseRows,
     Verifiable,
     chunked_rows,
+    kept_locally,
     portability,
     row_bytes,
     row_nbytes,
@@ -60,10 +62,13 @@ from .open import (
     open_array,
     open_for_copy,
     open_region_writer,
+    open_source,
     open_written,
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
+from .remote.cachereport import CacheReport, cache_bytes_on_disk, cache_report
+from .remote.cachespec import CacheSpec, cache_spec
 from .remote.errors import remote_error
 from .remote.glob import expand_url
 from .remote.paths import RemotePath, forget_filesystems, is_url
@@ -92,6 +97,8 @@ __all__ = [
     "MARKER",
     "SPARSE_COMPONENTS",
     "ArrayLayout",
+    "CacheReport",
+    "CacheSpec",
     "Categorical",
     "Chunked",
     "Closeable",
@@ -100,6 +107,7 @@ __all__ = [
     "Encoded",
     "Format",
     "GatherInto",
+    "KeptLocally",
     "Portability",
     "Prefetch",
     "ReadPiecesInto",
@@ -116,6 +124,9 @@ __all__ = [
     "array_keys",
     "as_source",
     "as_source_for_copy",
+    "cache_bytes_on_disk",
+    "cache_report",
+    "cache_spec",
     "chunked_rows",
     "create_writer",
     "csr_source",
@@ -126,10 +137,12 @@ __all__ = [
     "is_store_dir",
     "forget_filesystems",
     "is_url",
+    "kept_locally",
     "mark_complete",
     "open_array",
     "open_for_copy",
     "open_region_writer",
+    "open_source",
     "open_written",
     "portability",
     "remote_error",

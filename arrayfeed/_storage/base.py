@@ -17,6 +17,8 @@ with ``isinstance`` and falls back from:
 - :class:`Verifiable`: ``verify()`` raises if the stored data changed since opening;
 - :class:`Closeable`: ``close()`` releases the files a source opened itself;
 - :class:`Prefetch`: start fetching ranges of rows before they are read (object storage);
+- :class:`KeptLocally`: what reads fetch from far away is kept on local disk, so that they
+  wait the first time only (object storage through ``cache=``; :func:`kept_locally`);
 - :class:`SparseRows`: rows stored sparse (CSR), also readable as their nonzeros;
 - :class:`Categorical`: integer codes of a categorical column, with its labels;
 - :class:`Portable`: how a source reaches another process (a loader): opened again from its
@@ -44,6 +46,7 @@ __all__ = [
     "Encoded",
     "GatherInto",
     "Indices",
+    "KeptLocally",
     "Portability",
     "Portable",
     "Prefetch",
@@ -54,6 +57,7 @@ __all__ = [
     "SparseRows",
     "Verifiable",
     "chunked_rows",
+    "kept_locally",
     "portability",
     "row_bytes",
     "row_nbytes",
@@ -169,6 +173,20 @@ class Prefetch(Protocol):
     from object storage together, many requests in flight."""
 
     def prefetch(self, starts: Sequence[int], stops: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class KeptLocally(Protocol):
+    """Optional capability: whether what the source fetches from far away (object storage) is
+    kept on local disk once fetched, so that a read that waits now will not wait the next time
+    (reads are then planned as those of local files)."""
+
+    def kept_locally(self) -> bool: ...
+
+
+def kept_locally(source: Source) -> bool:
+    """Whether the reads of ``source`` wait the first time only (see :class:`KeptLocally`)."""
+    return isinstance(source, KeptLocally) and source.kept_locally()
 
 
 @runtime_checkable

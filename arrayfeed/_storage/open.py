@@ -24,6 +24,7 @@ from .base import Source
 from .layout import SparseLayout, StoredArrays, StoreInfo, Writer
 from .record import ConversionRecord
 from .registry import Backend, Format, Location, OpenOptions, backends, writer_backend
+from .remote.cachespec import CacheSpec, cache_spec
 from .remote.errors import looking_at
 from .remote.paths import RemotePath, as_remote, is_url
 from .specs import split_spec, split_url
@@ -40,6 +41,7 @@ __all__ = [
     "open_array",
     "open_for_copy",
     "open_region_writer",
+    "open_source",
     "open_written",
     "written_by_arrayfeed",
 ]
@@ -56,6 +58,8 @@ def open_array(
     field: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     decode_cf: bool = True,
+    cache: str | os.PathLike[str] | bool | None = None,
+    cache_limit: int | None = None,
 ) -> Source:
     """Open an array on disk as a :class:`Source`, without reading its data.
 
@@ -87,6 +91,13 @@ def open_array(
       "secret": ...}`` for S3); credentials and endpoint may also come from the environment
       (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL`` …). The source
       pickles as the URL and options, so other processes open it again.
+    - ``cache``: for a URL, a directory on local disk (or True: ``arrayfeed`` under the user's
+      cache directory) where the objects read are kept, for every process of the host (loader
+      processes, other datasets, other jobs and ranks), so that each is fetched once; at most
+      ``cache_limit`` bytes (default: half the free disk there), least recently used out first.
+      Every copy is checked when read (size, CRC-32C, and the object's ETag, size and
+      modification time as the store reports them now, at open); a bad or stale one is fetched
+      again. :func:`arrayfeed.cache_report` says what it holds and did. Off by default.
 
     >>> import numpy as np, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "x.npy")
@@ -96,7 +107,18 @@ def open_array(
     ((3, 2), 3)
     """
     options = OpenOptions(strict=strict, field=field, decode_cf=decode_cf)
-    return _open(path, key, options, storage_options)
+    return _open(path, key, options, storage_options, cache_spec(cache, cache_limit))
+
+
+def open_source(
+    path: PathLike,
+    key: str | None,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: CacheSpec | None = None,
+) -> Source:
+    """:func:`open_array` with its default options, a URL read through ``cache`` (see
+    :func:`~.remote.cachespec.cache_spec`) if given."""
+    return _open(path, key, OpenOptions(), storage_options, cache)
 
 
 def open_for_copy(
@@ -110,13 +132,17 @@ def open_for_copy(
 
 
 def _open(
-    path: PathLike, key: str | None, options: OpenOptions, storage_options: Mapping[str, Any] | None
+    path: PathLike,
+    key: str | None,
+    options: OpenOptions,
+    storage_options: Mapping[str, Any] | None,
+    cache: CacheSpec | None = None,
 ) -> Source:
     if not isinstance(path, (str, os.PathLike, RemotePath)):
         for backend in backends():  # an object standing for a file (a scipy.sparse matrix)
             if (source := backend.open_object(path)) is not None:
                 return source
-    location, key = _locate(path, key, storage_options)
+    location, key = _locate(path, key, storage_options, cache)
     if key is not None and "#" in key and options.field is None:
         key, _, field = key.rpartition("#")
         options = dataclasses.replace(options, field=field)
@@ -136,14 +162,17 @@ def _open(
 
 
 def _locate(
-    path: PathLike, key: str | None, storage_options: Mapping[str, Any] | None
+    path: PathLike,
+    key: str | None,
+    storage_options: Mapping[str, Any] | None,
+    cache: CacheSpec | None = None,
 ) -> tuple[Location, str | None]:
     """Where ``path`` is, and the key, which a spec ``path:key`` may name in the path."""
     if is_url(path):  # before Path(), which would make 's3://b' 's3:/b'
-        location = as_remote(path, storage_options)
+        location = as_remote(path, storage_options, cache)
         if key is None:
             url, key = split_url(location.url)
-            location = RemotePath(url, location.storage_options)
+            location = dataclasses.replace(location, url=url)
         return location, key
     assert not isinstance(path, RemotePath)
     p = Path(path)
@@ -197,10 +226,16 @@ def is_array_like(obj: Any) -> bool:
     return any(b.recognises(obj) for b in backends()) or isinstance(obj, Source)
 
 
-def as_source(obj: Any, name: str, *, storage_options: Mapping[str, Any] | None = None) -> Source:
+def as_source(
+    obj: Any,
+    name: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: CacheSpec | None = None,
+) -> Source:
     """Wrap one array-like as a :class:`Source` (``name`` is used in messages; a URL opens with
-    ``storage_options``)."""
-    return _as_source(obj, name, storage_options, for_copy=False)
+    ``storage_options``, through ``cache`` if given: see :func:`cache_spec`)."""
+    return _as_source(obj, name, storage_options, for_copy=False, cache=cache)
 
 
 def as_source_for_copy(obj: Any, name: str) -> Source:
@@ -210,10 +245,15 @@ def as_source_for_copy(obj: Any, name: str) -> Source:
 
 
 def _as_source(
-    obj: Any, name: str, storage_options: Mapping[str, Any] | None, *, for_copy: bool
+    obj: Any,
+    name: str,
+    storage_options: Mapping[str, Any] | None,
+    *,
+    for_copy: bool,
+    cache: CacheSpec | None = None,
 ) -> Source:
     if isinstance(obj, (str, os.PathLike, RemotePath)):
-        return open_array(obj, storage_options=storage_options)
+        return open_source(obj, None, storage_options, cache)
     known = backends()
     # The backends first: the protocol check reads attributes (a closed h5py.Dataset raises).
     for backend in known:
@@ -228,20 +268,27 @@ def _as_source(
 
 
 def array_keys(
-    path: PathLike, storage_options: Mapping[str, Any] | None = None
+    path: PathLike,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: CacheSpec | None = None,
 ) -> list[str] | None:
     """Every array inside the HDF5 file or Zarr group at ``path``; None for a single array
     (``.npy``, a Zarr array store). ``.npz`` members need a key."""
-    location = _where(path, storage_options, must_exist=False)
+    location = _where(path, storage_options, cache, must_exist=False)
     family = _family(location)
     if family is None:
         raise _unknown(location)
     return family.array_keys(location)
 
 
-def describe(path: PathLike, storage_options: Mapping[str, Any] | None = None) -> StoreInfo:
-    """What the file or store at ``path`` (or URL) holds, from metadata only."""
-    location = _where(path, storage_options)
+def describe(
+    path: PathLike,
+    storage_options: Mapping[str, Any] | None = None,
+    cache: CacheSpec | None = None,
+) -> StoreInfo:
+    """What the file or store at ``path`` (or URL) holds, from metadata only (an HDF5 file's
+    read through ``cache``, if given)."""
+    location = _where(path, storage_options, cache)
     family = _family(location)
     if family is None:
         raise SourceNotFoundError(
@@ -255,11 +302,15 @@ def describe(path: PathLike, storage_options: Mapping[str, Any] | None = None) -
 
 
 def _where(
-    path: PathLike, storage_options: Mapping[str, Any] | None, *, must_exist: bool = True
+    path: PathLike,
+    storage_options: Mapping[str, Any] | None,
+    cache: CacheSpec | None = None,
+    *,
+    must_exist: bool = True,
 ) -> Location:
     """``path`` as a location (a local path expanded, and checked to exist)."""
     if is_url(path):
-        return as_remote(path, storage_options)
+        return as_remote(path, storage_options, cache)
     assert not isinstance(path, RemotePath)
     location = Path(os.path.expanduser(os.fspath(path)))
     if must_exist and not os.path.lexists(location):

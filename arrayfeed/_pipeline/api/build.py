@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeAlias
 
 from ..._dtypes import check_feedable
 from ..._errors import ConfigError, ShapeError, StructureError
-from ..._storage import Source, as_source, chunked_rows, is_array_like, row_bytes
+from ..._storage import Source, as_source, cache_spec, chunked_rows, is_array_like, row_bytes
 from ..._validate import flag, integer
 from ..loader.client import RemoteFeed
 from ..loader.policy import loader_processes
@@ -66,8 +66,9 @@ def build_feed(
     so a call with several mistakes reports the same one whichever entry point it went through.
     """
     x, y, seed, map_batch = args.x, args.y, args.seed, args.map_batch
+    cache = cache_spec(args.cache, args.cache_limit)
     treedef, sources, names = sources_of(
-        x, y, args.sample_weight, caller=caller, storage_options=args.storage_options
+        x, y, args.sample_weight, caller=caller, storage_options=args.storage_options, cache=cache
     )
     resolved, ours = resolve_shard(args.shard, shard_kinds)
     mode = shuffle_mode(args.shuffle)
@@ -137,6 +138,7 @@ def sources_of(
     *,
     caller: str = "from_arrays",
     storage_options: Any = None,
+    cache: Any = None,
 ) -> tuple[Treedef, list[Source], list[str]]:
     """The element's structure, one checked :class:`Source` per leaf, all of one length, and
     the leaves' names as messages cite them (``x['image']``, ``y``)."""
@@ -162,7 +164,7 @@ def sources_of(
             names = ["x" + n for n in names]
     sources = []
     for name, leaf in zip(names, leaves, strict=True):
-        source = as_source(leaf, name, storage_options=storage_options)
+        source = as_source(leaf, name, storage_options=storage_options, cache=cache)
         check_feedable(source, name)
         sources.append(source)
     lengths = {len(s) for s in sources}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
@@ -112,6 +113,13 @@ class FeedArgs:
         storage_options: Options of the fsspec filesystem of leaves given as URLs
             (``"s3://bucket/train.zarr:x"``): credentials, ``endpoint_url`` … (the environment's
             ``AWS_*`` variables work too); see :func:`arrayfeed.open_array`.
+        cache: For leaves given as URLs: a directory on local disk (``True``: ``arrayfeed``
+            under the user's cache directory) where the objects read are kept for every process
+            of the host (loader processes, other datasets, jobs and ranks) and checked on every
+            read, so that each is fetched once, not every epoch; see
+            :func:`arrayfeed.open_array` and :func:`arrayfeed.cache_report`.
+        cache_limit: The most bytes ``cache`` holds, least recently used objects out first
+            (default: half the free disk there).
         processes: Loader processes that read the batches beside this one (index planning,
             reads, decoding, checksums, ``map_batch``: everything), handing each group over in
             shared memory, so that this process (the training loop) only takes finished batches.
@@ -147,6 +155,8 @@ class FeedArgs:
     map_processes: int | None = None
     sparse: bool = False
     storage_options: Mapping[str, Any] | None = None
+    cache: str | os.PathLike[str] | bool | None = None
+    cache_limit: int | None = None
     processes: int | None = None
 
     @classmethod

@@ -30,7 +30,7 @@ import numpy as np
 from ..._dtypes import native_dtype
 from ..._errors import ConfigError
 from ..._forks import renew_after_fork
-from ..._storage import GatherInto, Source, chunked_rows, row_bytes, verify_sources
+from ..._storage import GatherInto, Source, chunked_rows, kept_locally, row_bytes, verify_sources
 from ..plan.indexblocks import EpochIndices
 from ..plan.plan import Plan, check_position
 from ..tune.machine import usable_cores, usable_memory
@@ -477,7 +477,11 @@ class Feed:
         group (not gathered from memory, not held in it): the time a read takes beyond the CPU
         time of its thread, when waiting is most of it (0 otherwise, or when no leaf is read
         from storage): see :mod:`.waits`."""
-        slow = [s for s in self.readable if not isinstance(s, (GatherInto, Resident))]
+        slow = [  # (reads through a local cache wait the first time only)
+            s
+            for s in self.readable
+            if not isinstance(s, (GatherInto, Resident)) and not kept_locally(s)
+        ]
         if not slow:
             return 0.0
         start, stop = self.plan.bounds

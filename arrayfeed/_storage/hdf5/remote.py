@@ -1,9 +1,10 @@
 """HDF5 files behind URLs, read-only, through h5py on an fsspec file object.
 
-Ranged requests of :data:`H5_BLOCK_BYTES`, the most recent :data:`H5_BLOCKS` kept. Reads go
+Ranged requests of :data:`H5_BLOCK_BYTES`, the most recent :data:`H5_BLOCKS` kept; with a cache
+(``cache=``), blocks of the local cache's own size, kept there (:mod:`..remote.blocks`). Reads go
 through h5py under one lock (the file object has one position), so they do not overlap. A
-:class:`RemoteH5Source` pickles as its :class:`~..remote.paths.RemotePath` (URL and storage
-options) and key, and opens the file again in the process that unpickles it.
+:class:`RemoteH5Source` pickles as its :class:`~..remote.paths.RemotePath` (URL, storage
+options, cache) and key, and opens the file again in the process that unpickles it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from ..._errors import ArrayfeedError, CorruptDataError, SourceNotFoundError
 from ..._forks import renew_after_fork
 from ..base import REOPENS, Indices, Portability
+from ..remote.blocks import BlockFetcher, BlockFile, block_fetcher
 from ..remote.errors import remote_error
 from ..remote.paths import RemotePath
 from .files import check_filters
@@ -33,18 +35,22 @@ H5_BLOCKS = 64
 class _H5File:
     """An HDF5 file read through an fsspec file object (closed with the ``h5py.File``)."""
 
-    def __init__(self, location: RemotePath) -> None:
-        fs, path = location.filesystem()
-        try:
-            self.raw = fs.open(
-                path,
-                "rb",
-                block_size=H5_BLOCK_BYTES,
-                cache_type="blockcache",
-                cache_options={"maxblocks": H5_BLOCKS},
-            )
-        except Exception as exc:
-            raise remote_error(exc, location.url) from None
+    def __init__(self, location: RemotePath, blocks: BlockFetcher | None = None) -> None:
+        self.raw: Any
+        if blocks is not None:
+            self.raw = BlockFile(blocks)
+        else:
+            fs, path = location.filesystem()
+            try:
+                self.raw = fs.open(
+                    path,
+                    "rb",
+                    block_size=H5_BLOCK_BYTES,
+                    cache_type="blockcache",
+                    cache_options={"maxblocks": H5_BLOCKS},
+                )
+            except Exception as exc:
+                raise remote_error(exc, location.url) from None
         try:
             self.file = h5py.File(self.raw, "r")
         except OSError as exc:
@@ -64,7 +70,7 @@ class _H5File:
 
 def open_remote_h5(location: RemotePath) -> _H5File:
     """The HDF5 file at ``location``, opened (a context manager giving the ``h5py.File``)."""
-    return _H5File(location)
+    return _H5File(location, block_fetcher(location))
 
 
 class RemoteH5Source:
@@ -76,6 +82,9 @@ class RemoteH5Source:
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._opened: tuple[int, _H5File, Any] | None = None
+        # Through the cache, the file's version as the store reports it now travels with the
+        # source: every process reads the blocks of the file this one opened.
+        self._blocks = block_fetcher(location)
         dataset = self._dataset()
         shape, dtype = tuple(int(n) for n in dataset.shape), np.dtype(dataset.dtype)
         if field is not None:
@@ -106,7 +115,7 @@ class RemoteH5Source:
     def _dataset(self) -> Any:
         opened = self._opened
         if opened is None or opened[0] != os.getpid():
-            handle = _H5File(self.location)
+            handle = _H5File(self.location, self._blocks)
             node = handle.file.get(self.key)
             if not isinstance(node, h5py.Dataset):
                 handle.close()
@@ -132,6 +141,10 @@ class RemoteH5Source:
     @property
     def chunks(self) -> tuple[int, ...] | None:
         return self._chunks
+
+    def kept_locally(self) -> bool:
+        """Whether the blocks read are kept in a local cache."""
+        return self._blocks is not None and self._blocks.kept_locally
 
     def portability(self) -> Portability:
         return REOPENS  # the URL and storage options travel; the other process fetches

@@ -1,7 +1,9 @@
 """``.npy`` files behind URLs: one ranged request per run of rows, all in flight at once.
 
-A :class:`RemoteNpySource` pickles as its :class:`~..remote.paths.RemotePath` (URL and storage
-options), and reads the file again in the process that unpickles it.
+With a cache (``cache=``), the file is read in the cache's blocks instead, each fetched once and
+kept there (:mod:`..remote.blocks`). A :class:`RemoteNpySource` pickles as its
+:class:`~..remote.paths.RemotePath` (URL, storage options, cache), and reads the file again in
+the process that unpickles it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy.typing as npt
 
 from ..._errors import ConfigError, CorruptDataError
 from ..base import REOPENS, Indices, Portability
+from ..remote.blocks import block_fetcher
 from ..remote.errors import remote_error
 from ..remote.paths import RemotePath
 from .files import read_npy_header
@@ -41,6 +44,7 @@ class RemoteNpySource:
                 "it in C order (np.ascontiguousarray) or convert it."
             )
         self._row = int(np.prod(self._shape[1:], dtype=np.int64)) * self._dtype.itemsize
+        self._blocks = block_fetcher(location)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -52,6 +56,10 @@ class RemoteNpySource:
 
     def __len__(self) -> int:
         return self._shape[0] if self._shape else 0
+
+    def kept_locally(self) -> bool:
+        """Whether the blocks read are kept in a local cache."""
+        return self._blocks is not None and self._blocks.kept_locally
 
     def portability(self) -> Portability:
         return REOPENS  # the URL and storage options travel; the other process fetches
@@ -65,11 +73,18 @@ class RemoteNpySource:
         lasts = np.concatenate((cuts, [len(indices)]))
         starts: npt.NDArray[np.int64] = self._offset + indices[firsts] * self._row
         ends = starts + (lasts - firsts) * self._row
-        fs, path = self.location.filesystem()
-        try:
-            pieces = fs.cat_ranges([path] * len(starts), starts.tolist(), ends.tolist())
-        except Exception as exc:
-            raise remote_error(exc, self.location.url) from exc
+        pieces: list[Any]
+        if self._blocks is not None:
+            self._blocks.fetch_ranges(starts.tolist(), ends.tolist())
+            pieces = [
+                self._blocks.read(a, b) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+            ]
+        else:
+            fs, path = self.location.filesystem()
+            try:
+                pieces = fs.cat_ranges([path] * len(starts), starts.tolist(), ends.tolist())
+            except Exception as exc:
+                raise remote_error(exc, self.location.url) from exc
         flat = out.reshape(len(indices), -1).view(np.uint8)
         for a, b, piece in zip(firsts.tolist(), lasts.tolist(), pieces, strict=True):
             if isinstance(piece, Exception):

@@ -4,6 +4,9 @@
   pickle) and the fsspec filesystem behind a URL;
 - :mod:`.errors`: a filesystem's errors as arrayfeed's named errors, each saying how to fix it;
 - :mod:`.fetcher`: objects (Zarr chunks) fetched many at once, retried, and kept for a while;
+- :mod:`.cache` (with :mod:`.cachespec`, :mod:`.cacheindex`, :mod:`.cacheclaims`,
+  :mod:`.cachereport`): objects kept on local disk for every process of the host, bounded,
+  each download claimed, every copy checked when read;
 - :mod:`.tasks`: requests that a failed call leaves running, ended rather than abandoned;
 - :mod:`.glob`: URLs matching a pattern.
 

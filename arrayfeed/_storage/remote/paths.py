@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._errors import DestinationError, SourceUnavailableError
+from .cachespec import CacheSpec
 
 __all__ = [
     "INSTALL",
@@ -60,10 +61,12 @@ def protocol_of(url: str) -> str:
 
 @dataclass(frozen=True)
 class RemotePath:
-    """A URL and the ``storage_options`` its filesystem is built with; pickles as both."""
+    """A URL and the ``storage_options`` its filesystem is built with, and the local cache its
+    objects are kept in (None: none); pickles as all three."""
 
     url: str
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache: CacheSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage_options", dict(self.storage_options or {}))
@@ -85,7 +88,9 @@ class RemotePath:
 
     def child(self, key: str) -> RemotePath:
         """The URL of ``key`` inside this one."""
-        return RemotePath(f"{self.url.rstrip('/')}/{key.strip('/')}", self.storage_options)
+        return RemotePath(
+            f"{self.url.rstrip('/')}/{key.strip('/')}", self.storage_options, self.cache
+        )
 
     def options(self, *, writing: bool = False) -> dict[str, Any]:
         """The options its filesystem is made with (see :func:`open_options`)."""
@@ -126,12 +131,19 @@ def forget_filesystems() -> None:
 
 
 def as_remote(
-    path: str | os.PathLike[str] | RemotePath, storage_options: Mapping[str, Any] | None
+    path: str | os.PathLike[str] | RemotePath,
+    storage_options: Mapping[str, Any] | None,
+    cache: CacheSpec | None = None,
 ) -> RemotePath:
-    """``path`` with ``storage_options`` (a :class:`RemotePath` keeps its own unless given)."""
+    """``path`` with ``storage_options`` and ``cache`` (a :class:`RemotePath` keeps its own
+    unless given)."""
     if isinstance(path, RemotePath):
-        return path if storage_options is None else RemotePath(path.url, storage_options)
-    return RemotePath(os.fspath(path), storage_options or {})
+        return RemotePath(
+            path.url,
+            path.storage_options if storage_options is None else storage_options,
+            path.cache if cache is None else cache,
+        )
+    return RemotePath(os.fspath(path), storage_options or {}, cache)
 
 
 def open_options(

@@ -18,7 +18,8 @@ block read covers whole are read straight into its output, with no copy.
 Arrays on object storage (Zarr's ``FsspecStore``: ``s3://`` …) are read the same way, except
 that chunk objects come from a :class:`~..remote.fetcher.Fetcher`: every chunk a read touches (a
 whole window of blocks, with :meth:`ChunkReader.prefetch`) is requested at once, many requests in
-flight on the filesystem's event loop, and each is decoded in the reader thread that needs it.
+flight on the filesystem's event loop (or through the local cache, :mod:`..remote.cache`), and
+each is decoded in the reader thread that needs it.
 :meth:`ChunkReader.of` returns None for anything else, and the caller reads through Zarr.
 """
 
@@ -38,6 +39,8 @@ from zarr.storage import FsspecStore, LocalStore
 
 from ..._errors import CorruptDataError
 from .. import workbuffers
+from ..remote.cache import versions_under
+from ..remote.cachespec import CacheSpec
 from ..remote.fetcher import Fetcher, sync_filesystem
 from . import codecs
 from .codecs import CodecDecoder, Decoder, crc32c_end, decoder
@@ -169,8 +172,12 @@ class ChunkReader:
             self._rest.append((rest, region, tuple(slice(0, r.stop - r.start) for r in region)))
 
     @classmethod
-    def of(cls, array: zarr.Array[Any], name: str, strict: bool) -> ChunkReader | None:
-        """A reader for ``array``, or None when its storage or codecs need Zarr's own reads."""
+    def of(
+        cls, array: zarr.Array[Any], name: str, strict: bool, cache: CacheSpec | None = None
+    ) -> ChunkReader | None:
+        """A reader for ``array``, or None when its storage or codecs need Zarr's own reads.
+        Chunks on object storage go through ``cache`` when given, checked against their
+        versions as one listing of the array's objects says now."""
         store = unwrap_store(array.store)
         if not isinstance(store, (LocalStore, FsspecStore)) or array.shards is not None:
             return None
@@ -192,7 +199,9 @@ class ChunkReader:
                 store.fs.protocol if isinstance(store.fs.protocol, str) else store.fs.protocol[0]
             )
             url = where if "://" in where else f"{protocol}://{where}"
-            fetcher = Fetcher(sync_filesystem(store.fs), where, url)
+            fs = sync_filesystem(store.fs)
+            versions = versions_under(fs, where) if cache is not None else None
+            fetcher = Fetcher(fs, where, url, cache=cache, versions=versions)
         return cls(
             root=root,
             shape=tuple(int(n) for n in array.shape),
@@ -292,7 +301,7 @@ class ChunkReader:
         data: Any
         raw = decoded = None
         if self.fetcher is not None:
-            data = self.fetcher.get(key)
+            data, raw = self.fetcher.get_lent(key)
         else:
             assert self.root is not None
             data, raw = self._read_file(os.path.join(self.root, key))

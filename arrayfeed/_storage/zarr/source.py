@@ -23,6 +23,7 @@ from zarr.storage import LocalStore
 from ..._errors import ArrayfeedError, SourceNotFoundError
 from ..base import REOPENS, Indices, Portability, Source, run_bounds
 from ..fingerprint import Fingerprint
+from ..remote.cachespec import CacheSpec
 from ..remote.paths import RemotePath
 from .chunks import ChunkReader
 from .codecs import codec_label
@@ -43,7 +44,12 @@ class ZarrSource:
     """
 
     def __init__(
-        self, array: zarr.Array[Any], name: str | None = None, *, strict: bool | None = None
+        self,
+        array: zarr.Array[Any],
+        name: str | None = None,
+        *,
+        strict: bool | None = None,
+        cache: CacheSpec | None = None,
     ) -> None:
         self.name = name or f"{array.store}/{array.path}".rstrip("/")
         marker = zarr_marker(array)
@@ -52,9 +58,9 @@ class ZarrSource:
         self.strict = bool(marker) if strict is None else bool(strict)
         self.fingerprint = zarr_fingerprint(array)
         self.array = strict_zarr_array(array, self.name) if self.strict else array
-        # Unsharded arrays (local, or remote with many chunks in flight) are read chunk by chunk
-        # in the reader's own thread.
-        self.chunk_reader = ChunkReader.of(array, self.name, self.strict)
+        # Unsharded arrays (local, or remote with many chunks in flight, through `cache` if
+        # given) are read chunk by chunk in the reader's own thread.
+        self.chunk_reader = ChunkReader.of(array, self.name, self.strict, cache)
 
     def portability(self) -> Portability:
         """A store in files or on object storage is opened again; one in memory stays."""
@@ -62,6 +68,11 @@ class ZarrSource:
         if type(store).__name__ in ("LocalStore", "FsspecStore", "ZipStore", "ObjectStore"):
             return REOPENS
         return Portability("stays", f"a Zarr array in a {type(store).__name__}")
+
+    def kept_locally(self) -> bool:
+        """Whether chunks fetched from object storage are kept in a local cache."""
+        reader = self.chunk_reader
+        return reader is not None and reader.fetcher is not None and reader.fetcher.kept_locally
 
     def prefetch(self, starts: Sequence[int], stops: Sequence[int]) -> None:
         """Start fetching rows ``[starts[i], stops[i])`` from object storage (a window of
@@ -177,7 +188,8 @@ def open_zarr(path: Path | RemotePath, key: str | None, strict: bool | None = No
         key = names[0]
         node = node[key]
     assert isinstance(node, zarr.Array)
-    return ZarrSource(node, name=f"{path}:{key}" if key else str(path), strict=strict)
+    cache = path.cache if isinstance(path, RemotePath) else None
+    return ZarrSource(node, name=f"{path}:{key}" if key else str(path), strict=strict, cache=cache)
 
 
 def zarr_fingerprint(array: zarr.Array[Any]) -> Fingerprint | None:
