@@ -19,7 +19,8 @@ bandwidth) delivers, and the consumer's seconds per group and the share of those
   many).
 
 :func:`window` is what the tuner measures of a setting over one window, with multiplicative
-noise, and the consumer taking at most ``1 / consumer`` groups per second.
+noise, and the consumer taking at most ``1 / consumer`` groups per second; ``timed`` of a read's
+time shows in its latency (a source that computes part of a group outside its timed read).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Storage:
     consumer_cpu: float = 1.0
     cores: int = 2
     seconds: float = 0.5  # of a window
+    timed: float = 1.0  # share of a read's time its latency shows (a dask graph: less)
 
     @property
     def latency(self) -> float:
@@ -90,7 +92,7 @@ def window(s: Storage, threads: int, processes: int, rng: random.Random, noise: 
     in_flight = threads * loaders
     # Reads all busy when they set the pace (Little's law); as a read alone when they do not.
     latency = max(s.latency, in_flight / rate) if reads_bind else s.latency
-    latency *= math.exp(rng.gauss(0, noise))
+    latency *= s.timed * math.exp(rng.gauss(0, noise))
     groups = max(1, round(taken * s.seconds))
     seconds = groups / taken
     reader_cpu = groups * (s.cpu + s.gil)

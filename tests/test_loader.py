@@ -604,7 +604,9 @@ def test_the_loader_to_try_next_is_started_before_it_is_tried(files: dict[str, A
     remote, tuner, first, got = _with_a_spare(b)
     spares = list(remote.members.spares)
     assert len(spares) == 1 and spares[0] is not first and spares[0].alive()
-    assert [link.process for link in remote.members.links] == [first]  # started, not asked for groups
+    assert [link.process for link in remote.members.links] == [
+        first
+    ]  # started, not asked for groups
     assert spares[0].pid in loaders().pids()
     tuner.wanted = 2  # the count is tried: with the process started before
     deadline = time.monotonic() + 30

@@ -46,6 +46,9 @@ def _storages(cores: int) -> dict[str, Storage]:
         "client": Storage(wait=0.02, cpu=0.0003, gil=0.0007, cores=cores),
         # a map_batch looping in Python.
         "gil": Storage(cpu=0.0005, gil=0.005, cores=cores),
+        # a dask graph computed when a group is asked for, 25 ms in a pool of a thread per core,
+        # a tenth of it in the read timed.
+        "graph": Storage(wait=0.025, cpu=0.0003, timed=0.1, bandwidth=30 * cores, cores=cores),
         # a training step far slower than the reads.
         "consumer": Storage(wait=0.005, cpu=0.002, consumer=0.01, cores=cores),
     }

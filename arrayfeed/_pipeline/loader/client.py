@@ -153,7 +153,9 @@ class RemoteFeed:
     def _check_links(self) -> None:
         """Restart dead loaders, and wait until every loader has unpickled the feed (those
         joining while reading are waited for by :meth:`_fit_loaders`)."""
-        if any(link.error is not None or not link.process.alive() for link in self.members.serving()):
+        if any(
+            link.error is not None or not link.process.alive() for link in self.members.serving()
+        ):
             self.members.connect()
         while not all(link.registered for link in self.members.serving()):
             self._pump()
@@ -178,7 +180,9 @@ class RemoteFeed:
                 self._cond.wait(POLL_SECONDS)
             return
         try:
-            channels = {link.channel.fileno(): link for link in self.members.links if link.error is None}
+            channels = {
+                link.channel.fileno(): link for link in self.members.links if link.error is None
+            }
             ready = readable(list(channels), POLL_SECONDS)
             for fd in ready:
                 link = channels[fd]

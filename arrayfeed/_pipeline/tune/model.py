@@ -6,11 +6,16 @@ the busiest loader and the consumer used. The setting follows from a few formula
 stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their inputs:
 
 1. Little's law: ``ceil(rate x L0 x (1 + MARGIN))`` groups in flight deliver ``rate``, where
-   ``L0`` is the latency measured with the fewest in flight (a read alone: one thread each).
+   ``L0`` is the seconds a group held a reader with the fewest in flight (a read alone: one
+   thread each): the read latency measured, or, where the consumer waited (the readers all
+   busy), ``in_flight / rate`` over the window if longer (a source that computes part of a
+   group outside its timed read, as a dask graph does, shows a shorter latency).
 2. A consumer that does not wait (``w < WAITED``) sets the rate: its own, ``X / (1 - w)``.
 3. A consumer that waits: in flight doubles while each doubling delivers ``GROWTH`` x more
-   (a step a budget cut short, half its growth); the rate the first that does not reached is
-   the storage's, and formula 1 gives the fewest in flight that reach it.
+   (a step a budget cut short, half its growth); the best rate measured is the storage's, and
+   the fewest in flight measured that came within ``MARGIN`` of it are kept. (Formula 1 would
+   give fewer where reads queue: a storage or a CPU that saturates gradually delivers less
+   than Little's law over a read alone predicts, so in flight measured, not extrapolated.)
 4. Budgets: the cores less the consumer's, over the cores a read in flight uses; the groups
    the read-ahead memory holds; ``threads`` per reader.
 5. One interpreter: reads that queue (``GROWTH`` x a read alone's latency) in a loader busy
@@ -65,8 +70,9 @@ class Model:
         self.inputs: dict[str, float] = {}  # of the last decision (see Tuning)
         self.last: Window | None = None
         self.history: deque[tuple[int, int]] = deque(maxlen=256)  # settings, for benchmarks
-        self._floor: tuple[int, float] | None = None  # (fewest in flight, their latency)
+        self._floor: tuple[int, float] | None = None  # (fewest in flight, their occupancy)
         self._best: Window | None = None
+        self._reached: dict[int, float] = {}  # in flight: the best rate measured there
         self._last: Window | None = None  # the last window of the growth
         self._back: tuple[int, int, float, Window, int, Bound, dict[str, float]] | None = None
         self._trial: list[Window] = []
@@ -77,6 +83,16 @@ class Model:
     def little(self, rate: float) -> int:
         latency = self._floor[1] if self._floor is not None else 0.0
         return max(1, math.ceil(rate * latency * (1 + MARGIN)))
+
+    @staticmethod
+    def _occupancy(w: Window) -> float:
+        busy = w.wait_share >= WAITED and w.groups > 0  # (else readers idle between groups)
+        return max(w.latency, w.in_flight / w.rate) if busy else w.latency
+
+    def reaching(self, rate: float) -> int:
+        """The fewest in flight measured that came within MARGIN of ``rate``."""
+        near = [n for n, r in self._reached.items() if r * (1 + MARGIN) >= rate]
+        return min(near) if near else self.little(rate)
 
     def budgets(self, w: Window) -> tuple[int, Bound]:
         loaders = max(1, self.processes)
@@ -124,11 +140,13 @@ class Model:
         self.windows, self.last = self.windows + 1, w
         if self.phase != "warm-up":  # (caches warm, threads start: not counted)
             if self._floor is None or w.in_flight < self._floor[0]:
-                self._floor = (w.in_flight, w.latency)
+                self._floor = (w.in_flight, self._occupancy(w))
             elif w.in_flight == self._floor[0]:
-                self._floor = (w.in_flight, min(self._floor[1], w.latency))
+                self._floor = (w.in_flight, min(self._floor[1], self._occupancy(w)))
             if self._best is None or w.rate > self._best.rate:
                 self._best = w
+            if self.phase in ("grow", "trial"):
+                self._reached[w.in_flight] = max(w.rate, self._reached.get(w.in_flight, 0.0))
         {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(
             self.phase, self._decide
         )(w)
@@ -158,7 +176,7 @@ class Model:
             return self._double(w, most)
         best = self._best or w
         if saturated:
-            most, bound = min(most, self.little(best.rate)), Bound.LATENCY
+            most, bound = min(most, self.reaching(best.rate)), Bound.LATENCY
         self.inputs = self._inputs(best, best.rate, most)
         if self.interpreter_bound(w):  # (the window with the most threads waiting)
             rate = statistics.mean([w.rate, last.rate]) if saturated and last else w.rate
@@ -197,6 +215,7 @@ class Model:
             return self._settle(bound, window)
         self.phase, self._last = "grow", max(self._trial, key=lambda t: t.rate)
         self._best = last = self._last
+        self._reached = {last.in_flight: rate}  # (measured with fewer loaders before)
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
         room = self._cpu_budget(last) - last.cores(last.reader_cpu) >= 1 - INTERPRETER
         if scaled and room and self._loaders_pay(last, rate):  # interpreters still bind
@@ -205,19 +224,25 @@ class Model:
 
     def _watch(self, w: Window) -> None:
         ref = self._reference
-        assert ref is not None
+        if ref is None:
+            self._reference = w
+            return
         moved = not ref.rate / DRIFT <= w.rate <= ref.rate * DRIFT
         waits = (w.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
         self._drifted = self._drifted + 1 if moved or waits else 0
         if self._drifted >= 2:  # something changed: measure again, a read alone first
             self.phase, self.bound, self._drifted, self.threads = "grow", Bound.MEASURING, 0, 1
             self._floor, self._best, self._last, self._tried = None, None, None, set()
+            self._reached = {}
 
     def _move(self, in_flight: int) -> None:
         self.threads = max(1, min(self.limits.threads, -(-in_flight // max(1, self.processes))))
 
     def _settle(self, bound: Bound, w: Window) -> None:
-        self.phase, self.bound, self._reference = "settled", bound, w
+        # What the setting delivers is measured at the setting: ``w`` if it did not move, else
+        # the next window (a move from the best measured to fewer would read as a drift).
+        same = (w.threads, w.processes) == (self.threads, self.processes)
+        self.phase, self.bound, self._reference = "settled", bound, w if same else None
         self.settled_after = self.windows
 
     def _inputs(self, w: Window, rate: float, little: int) -> dict[str, float]:

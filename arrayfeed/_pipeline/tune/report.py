@@ -23,9 +23,10 @@ class Bound(enum.Enum):
 @dataclass(frozen=True)
 class Tuning:
     """What a dataset's reading runs with, and the numbers that decided it (see
-    :func:`arrayfeed.tuning`): ``in_flight = ceil(rate / group_rows * latency * 1.1)``, and the
-    groups read at once (``threads`` in each of ``processes`` loaders) are the least of it and
-    ``budget`` (but where loaders were tried, or more in flight measured: see :attr:`bound`).
+    :func:`arrayfeed.tuning`): ``in_flight = ceil(rate / group_rows * latency * 1.1)`` (bound
+    by ``latency``: the fewest in flight measured within 10 % of ``rate``), and the groups read
+    at once (``threads`` in each of ``processes`` loaders) are the least of it and ``budget``
+    (but where loaders were tried: see :attr:`bound`).
 
     Attributes:
         threads: Groups read at once in this process or in each loader (one more is requested).
@@ -34,10 +35,11 @@ class Tuning:
         processes: Loader processes reading (0: this process's reader threads).
         bound: What decided the setting.
         rate: Rows/s of the decision: the consumer's own rate, else what the reads delivered.
-        latency: Seconds a group took to read, with the fewest groups in flight measured.
+        latency: Seconds a group held a reader, with the fewest groups in flight measured.
         group_rows: Rows per group (a group is read at once).
         wait_share: The consumer's share of time spent waiting, in the window decided on.
-        in_flight: Groups in flight Little's law gives for ``rate`` and ``latency``.
+        in_flight: Groups in flight Little's law gives for ``rate`` and ``latency`` (bound by
+            ``latency``: the fewest measured that came within 10 % of ``rate``).
         budget: The most groups in flight the cores (less the consumer's) and memory allow.
         cores: Cores this process may use.
         reader_cores, consumer_cores, interpreter_cores: Cores the readers, the consumer (this
