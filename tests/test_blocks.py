@@ -202,7 +202,8 @@ def test_one_thread_serves_a_window_before_reading_the_next(
     prefetching: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With one reader thread, the groups of a window come before the next window is read: its
-    read-ahead would only hold them back (on 16 cores, one thread delivered 2 groups in 3 s)."""
+    read-ahead would only hold them back (the one thread would decode the whole next window
+    before it served the current window's second group)."""
     # blocks of one chunk, windows of three blocks, groups of two batches
     monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1)
     monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.WINDOW_BYTES", 3 * 64 * 8)

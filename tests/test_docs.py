@@ -160,3 +160,18 @@ def test_code_pointers_name_headings_of_the_performance_page() -> None:
     assert len(pointers) >= 10
     missing = [f"{where}: {topic!r}" for where, topic in pointers if topic not in headings]
     assert not missing, "no such heading in docs/performance.md:\n" + "\n".join(missing)
+
+
+def test_each_topic_the_code_points_at_names_its_machine() -> None:
+    """A measurement without its machine cannot be checked again: every section the code points
+    at names the machine it was measured on (one of those the page's Methods describe)."""
+    text = (DOCS / "performance.md").read_text()
+    sections = dict(
+        (" ".join(m[1].split()), m[2])
+        for m in re.finditer(r"^#+\s+(.+?)\s*\n(.*?)(?=^#|\Z)", text, re.M | re.S)
+    )
+    for where, topic in performance_pointers():
+        body = sections.get(topic, "")
+        assert re.search(r"dev-2-cores|gpu-host-16-cores|not measured", body), (
+            f"{where}: docs/performance.md, {topic!r} names no machine"
+        )

@@ -129,7 +129,7 @@ def test_decode_cf_false_gives_the_stored_values(netcdf: Path, name: str) -> Non
 
 
 def test_masked_values_are_nan_and_packing_is_undone(tmp_path: Path) -> None:
-    """The issue's example, by hand: stored [-2 30 14 24], fill -2, scale 0.5, offset 1."""
+    """A packed, masked variable by hand: stored [-2 30 14 24], fill -2, scale 0.5, offset 1."""
     path = tmp_path / "small.nc"
     with h5py.File(path, "w") as f:
         var = f.create_dataset("t", data=np.array([-2, 30, 14, 24], np.int16))

@@ -154,7 +154,7 @@ def test_a_feed_computes_indices_block_by_block_into_recycled_buffers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # 20,000 rows in groups of 4 batches of 16: blocks of up to 1,024 positions (16 groups)
-    # instead of one index computation per group, and the same batches as before.
+    # instead of one index computation per group, and the same batches as the plan's.
     monkeypatch.setattr(indexblocks, "BLOCK_POSITIONS", 1024)
     x = np.arange(20_000, dtype=np.int64)
     _, treedef = flatten(x, lambda v: isinstance(v, np.ndarray))

@@ -108,8 +108,8 @@ def test_rejects_out_of_range_values() -> None:
 
 
 def test_the_stream_is_pinned() -> None:
-    # Values from the release before the in-place network: a seed must keep giving the same
-    # epochs (resuming a run on a newer arrayfeed), on both constructions.
+    # Pinned values: a seed must keep giving the same epochs (resuming a run on a newer
+    # arrayfeed), on both constructions.
     assert permute(np.arange(6), 1_000_000, derive_key(0, 1)).tolist() == [
         928488, 532402, 436988, 635623, 662069, 128424,
     ]  # fmt: skip

@@ -83,7 +83,7 @@ def test_resumed_stream_equals_uninterrupted_stream_at_every_break_point(config:
 
 
 def test_break_points_checked() -> None:
-    # The figure reported for issue 5: distinct (config, epoch, step) resume points checked above.
+    # How many distinct (config, epoch, step) resume points the tests above check.
     x, ids = _data()
     points = {c: set(_break_points(c, len(af.from_arrays(x, ids, **CONFIGS[c])))) for c in CONFIGS}
     assert len(points["shuffled"]) == 12

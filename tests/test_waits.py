@@ -226,7 +226,7 @@ def test_a_dataset_built_while_another_ones_threads_read_gets_groups_sized_by_by
 ) -> None:
     """Decoding gzip uses the CPU: a dataset built while other threads of the process are busy
     (another dataset's reads ending) gets the groups it gets in a quiet process. Timed by one
-    read, it got groups of a few batches (a fifth of the rate on 2 cores, a third on 16)."""
+    read, it got groups of a few batches, whose fixed costs then set the rate."""
     with h5py.File(gzip_file, "r") as f:
         quiet = af.batches(f["x"], batch_size=64, shuffle="block", seed=0, processes=0)
         with busy_python(0.4):

@@ -84,9 +84,9 @@ class RegisterFeed:
 @dataclass(frozen=True)
 class PrepareFeed:
     """A feed the loader may soon be asked to serve (it was started to be tried): unpickle it
-    now, so that its imports and opened storage (a Zarr store on S3: 0.35 s of a core) pass
-    before it is tried. A :class:`RegisterFeed` of the same feed and bytes then takes it; one of
-    another feed, or another prepared, drops it."""
+    now, so that its imports and opened storage (for a store on S3, a client and its metadata
+    requests) pass before it is tried. A :class:`RegisterFeed` of the same feed and bytes then
+    takes it; one of another feed, or another prepared, drops it."""
 
     feed_id: int
     feed: bytes

@@ -231,8 +231,7 @@ class Feed:
     def _groups_decoded_ahead(self) -> int:
         """Groups in the window of a block shuffle that is decoded ahead (see
         :meth:`~.readers.EpochPass.submit`): after the tuner moves, they still come at the speed
-        of the setting before (a step down to one thread measured 1.9x what one thread reads,
-        for chunked gzip HDF5 with windows of ~6 groups)."""
+        of the setting before, so the windows measured just after a move are not counted."""
         if not self.plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
             return 0
         window = min(self.plan.window_rows, self.plan.rows_per_epoch)

@@ -51,9 +51,9 @@ __all__ = [
 
 #: A pass that has read for less than this many seconds when its last group is requested reads
 #: the first groups of the next epoch too (as many as are in flight), while its own last groups
-#: are taken: every pass starts with nothing in flight, and on short epochs (1,000,000 rows of
-#: 132 B are one every 33 ms on 16 cores) waiting for the first group was a large share of each
-#: (docs/performance.md, "Short epochs"). Beyond this, that share is under about 1 %, and the
+#: are taken: every pass starts with nothing in flight, and on short epochs (a few groups, each
+#: one read long) waiting for the first group is a large share of each (docs/performance.md,
+#: "Short epochs"). Beyond this, one group's read is a small share of the epoch, and the
 #: groups read ahead would be memory held after the last epoch.
 FOLLOW_SECONDS = 2.0
 

@@ -6,29 +6,28 @@ a service) gets groups of few batches, so that the reads in flight carry the rat
 Telling them apart takes a batch read timed by the clock and by its thread's CPU time: a read
 that waits is one whose time is mostly not its own CPU time.
 
-A read also waits, in the same way, for the GIL while other threads of the process hold it, and
-for a core while other threads or processes use every one: right after another dataset's reading
-(its threads still decode the groups they were asked for), one read of chunked gzip HDF5 timed
-alone looked like a read that waits, and the groups came out 3 batches long instead of 496, at a
-third of the rate on 16 cores (docs/performance.md, "Groups of reads that wait"). So each read
+A read also waits, in the same way, for the GIL while other threads of the process hold it, and for
+a core while other threads or processes use every one: right after another dataset's reading (its
+threads still decode the groups they were asked for), one read of chunked gzip HDF5 timed alone
+looked like a read that waits, and the groups came out a few batches long instead of a group's
+bytes, too small to carry the rate (docs/performance.md, "Groups of reads that wait"). So each read
 is timed with the time its thread spent ready to run but not running (waiting for a core, from
-``/proc/thread-self/schedstat`` where Linux keeps it), which is not counted as a wait, and with
-the CPU time of the rest of the process: a wait that the other threads' CPU time could explain
-(the GIL) is not taken as the storage's own, and the read is timed again, elsewhere, after a
-pause, until a read either uses the CPU for most of its time (the storage does not wait) or
-waits while the other threads are idle. Only when they keep working throughout is the least wait
-seen taken as it is: a storage that waits but is sized by bytes reads a whole group chunk after
-chunk with no read beside it, at the rate of one chunk at a time whatever the threads: the
-worse of the two mistakes.
+``/proc/thread-self/schedstat`` where Linux keeps it), which is not counted as a wait, and with the
+CPU time of the rest of the process: a wait that the other threads' CPU time could explain (the GIL)
+is not taken as the storage's own, and the read is timed again, elsewhere, after a pause, until a
+read either uses the CPU for most of its time (the storage does not wait) or waits while the other
+threads are idle. Only when they keep working throughout is the least wait seen taken as it is: a
+storage that waits but is sized by bytes reads a whole group chunk after chunk with no read beside
+it, at the rate of one chunk at a time whatever the threads: the worse of the two mistakes.
 
 The reads timed are batches of the storage order (a chunk of a batch's rows is then read in one
-request, as the reading will: a batch across two chunks waited twice as long, and the groups of
-a dask array of 256-row chunks came out one batch long instead of two, read at 0.51 of the
-best), far from each other and from the first one (untimed: it opens indexes and
-connections), each at a place not read before: the last whole batch first, then the middle,
-and so on, at most :data:`PLACES` of them. A chunk cache (h5py's, object storage's) holding what
-an earlier read fetched would make a read of the same chunk look like one that uses the CPU; a
-chunk larger than a sixteenth of the range still can.
+request, as the reading will: a batch across two chunks waits for two requests, which halves
+the groups that the wait sizes and so the reads in flight), far from each other and from the
+first one (untimed: it opens indexes and connections), each at a place not read before: the
+last whole batch first, then the middle, and so on, at most :data:`PLACES` of them. A chunk
+cache (h5py's, object storage's) holding what an earlier read fetched would make a read of the
+same chunk look like one that uses the CPU; a chunk larger than a sixteenth of the range still
+can.
 """
 
 from __future__ import annotations

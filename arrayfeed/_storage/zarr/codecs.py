@@ -34,7 +34,8 @@ Decoder = Callable[[Any, "np.ndarray | None"], Any]
 def _crc32c_checksum() -> Callable[[np.ndarray], int]:
     """CRC-32C of a buffer: with the ``crc32c`` package (a dependency) computed
     outside the GIL, so reader threads check their chunks at once; else numcodecs' (through
-    ``google_crc32c``), which holds the GIL: ~30 us per MiB that no other reader thread runs."""
+    ``google_crc32c``), which holds the GIL while it runs, so reader threads check their chunks
+    one at a time."""
     from numcodecs.checksum32 import CRC32C
 
     try:
