@@ -1,5 +1,6 @@
 """arrayfeed: feed arrays on disk (``.npy`` memmaps, HDF5, Zarr) into ``tf.data`` for Keras,
-or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch.
+or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch. What a training script
+uses is here; what adding a storage format takes is in :mod:`arrayfeed.storage`.
 
 >>> import numpy as np, arrayfeed as af
 >>> ds = af.from_arrays(np.zeros((100, 3), np.float32), np.arange(100), batch_size=32, seed=0)
@@ -31,14 +32,7 @@ from ._errors import (
 from ._pipeline.api.batches import Batches, batches, state, tuning
 from ._pipeline.plan.shard import Shard
 from ._pipeline.tune.report import Bound, Tuning
-from ._storage import (
-    Chunked,
-    ConversionRecord,
-    GatherInto,
-    Source,
-    open_array,
-    written_by_arrayfeed,
-)
+from ._storage import open_array
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -70,14 +64,11 @@ __all__ = [
     "Batches",
     "BenchReport",
     "Bound",
-    "Chunked",
     "ConfigError",
-    "ConversionRecord",
     "CorruptDataError",
     "DataWait",
     "DestinationError",
     "DtypeError",
-    "GatherInto",
     "InspectReport",
     "LoaderError",
     "MapBatchError",
@@ -86,7 +77,6 @@ __all__ = [
     "ResumeError",
     "ShapeError",
     "Shard",
-    "Source",
     "SourceNotFoundError",
     "SourceUnavailableError",
     "StructureError",
@@ -104,5 +94,4 @@ __all__ = [
     "state",
     "tuning",
     "verify",
-    "written_by_arrayfeed",
 ]

@@ -32,7 +32,9 @@ from .base import (
     Closeable,
     Encoded,
     GatherInto,
+    Indices,
     Portability,
+    Portable,
     Prefetch,
     ReadPiecesInto,
     ReadRangeInto,
@@ -64,6 +66,7 @@ from .open import (
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
+from .registry import Backend, Location, OpenOptions, loaded, register
 from .remote.errors import remote_error
 from .remote.glob import expand_url
 from .remote.paths import RemotePath, forget_filesystems, is_url
@@ -92,6 +95,7 @@ __all__ = [
     "MARKER",
     "SPARSE_COMPONENTS",
     "ArrayLayout",
+    "Backend",
     "Categorical",
     "Chunked",
     "Closeable",
@@ -100,7 +104,11 @@ __all__ = [
     "Encoded",
     "Format",
     "GatherInto",
+    "Indices",
+    "Location",
+    "OpenOptions",
     "Portability",
+    "Portable",
     "Prefetch",
     "ReadPiecesInto",
     "ReadRangeInto",
@@ -126,6 +134,7 @@ __all__ = [
     "is_store_dir",
     "forget_filesystems",
     "is_url",
+    "loaded",
     "mark_complete",
     "open_array",
     "open_for_copy",
@@ -135,6 +144,7 @@ __all__ = [
     "remote_error",
     "remove_store",
     "ragged_arange",
+    "register",
     "row_bytes",
     "row_nbytes",
     "run_bounds",
