@@ -16,7 +16,8 @@ them to :func:`arrayfeed.from_arrays` or :func:`arrayfeed.batches`). A format is
 
 arrayfeed's own formats are subpackages of ``arrayfeed._storage``; another package adds one
 through the entry point group ``arrayfeed.backends``, registered with the same :class:`Backend`
-(see "Contributing: where a format goes" in the design page). ``arrayfeed.testing.SourceTests``
+(see "Contributing: where a format goes" in the design page); one that cannot be used gives a
+:class:`PluginWarning`. ``arrayfeed.testing.SourceTests``
 checks a source against the whole contract. Any object with the :class:`Source` protocol can
 also be given to the entry points as it is:
 
@@ -48,6 +49,7 @@ from ._storage import (
     Indices,
     Location,
     OpenOptions,
+    PluginWarning,
     Portability,
     Portable,
     Prefetch,
@@ -76,6 +78,7 @@ __all__ = [
     "Indices",
     "Location",
     "OpenOptions",
+    "PluginWarning",
     "Portability",
     "Portable",
     "Prefetch",

@@ -66,7 +66,7 @@ from .open import (
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
-from .registry import Backend, Location, OpenOptions, loaded, register
+from .registry import Backend, Location, OpenOptions, PluginWarning, loaded, register
 from .remote.errors import remote_error
 from .remote.glob import expand_url
 from .remote.paths import RemotePath, forget_filesystems, is_url
@@ -107,6 +107,7 @@ __all__ = [
     "Indices",
     "Location",
     "OpenOptions",
+    "PluginWarning",
     "Portability",
     "Portable",
     "Prefetch",
