@@ -1,5 +1,6 @@
 """arrayfeed: feed arrays on disk (``.npy`` memmaps, HDF5, Zarr) into ``tf.data`` for Keras,
-or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch.
+or as NumPy batches (:func:`batches`, no TensorFlow) for JAX and PyTorch. What a training script
+uses is here; what adding a storage format takes is in :mod:`arrayfeed.storage`.
 
 >>> import numpy as np, arrayfeed as af
 >>> ds = af.from_arrays(np.zeros((100, 3), np.float32), np.arange(100), batch_size=32, seed=0)
@@ -34,16 +35,7 @@ from ._errors import (
 from ._pipeline.api.batches import Batches, batches, state, tuning
 from ._pipeline.plan.shard import Shard
 from ._pipeline.tune.report import Bound, Tuning
-from ._storage import (
-    CacheReport,
-    Chunked,
-    ConversionRecord,
-    GatherInto,
-    Source,
-    cache_report,
-    open_array,
-    written_by_arrayfeed,
-)
+from ._storage import CacheReport, cache_report, open_array
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -103,15 +95,12 @@ __all__ = [
     "Bound",
     "CacheError",
     "CacheReport",
-    "Chunked",
     "ConfigError",
-    "ConversionRecord",
     "CorruptDataError",
     "DataWait",
     "DestinationError",
     "DtypeError",
     "ExtraNotInstalledError",
-    "GatherInto",
     "InspectReport",
     "LoaderError",
     "MapBatchError",
@@ -120,7 +109,6 @@ __all__ = [
     "ResumeError",
     "ShapeError",
     "Shard",
-    "Source",
     "SourceNotFoundError",
     "SourceUnavailableError",
     "StructureError",
@@ -139,5 +127,4 @@ __all__ = [
     "state",
     "tuning",
     "verify",
-    "written_by_arrayfeed",
 ]

@@ -1,4 +1,4 @@
-"""``map_batch`` in reader threads vs loader processes (``map_processes=N``): rows/s and ratios.
+"""``map_batch`` in reader threads vs loader processes (``processes=N``): rows/s and ratios.
 
 Three transforms, each run through ``arrayfeed.batches`` (no TensorFlow) with ``map_batch`` in
 reader threads of this process (``processes=0``) and in N loader processes, N = 1, 2, 4 …
@@ -179,7 +179,7 @@ def cases_for(transform: str, sweep: list[int], threads: int | None, passes: int
         Case(transform, "threads", batches_run(make(map_batch=fn, processes=0))),
     ]
     for n in sweep:
-        b = make(map_batch=fn, map_processes=n)
+        b = make(map_batch=fn, processes=n)
         cases.append(Case(transform, f"{n} processes", batches_run(b)))
     return cases
 

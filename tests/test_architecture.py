@@ -5,6 +5,8 @@
 - TensorFlow and Keras only in the tf.data glue and the Keras / tf.distribute helpers;
 - code outside the storage layer imports it only through ``arrayfeed._storage`` (its public
   functions and capability protocols) and never names a concrete source class;
+- ``arrayfeed.storage`` (what a format's author uses) only re-exports names of
+  ``arrayfeed._storage``, and no public name is both there and at the top level;
 - every subpackage of ``arrayfeed._storage`` but ``remote`` (object storage, used by every
   format) is a format family that registers exactly one backend, and each has test modules of
   its own (``tests/test_<family>*.py``);
@@ -202,6 +204,36 @@ def test_storage_reached_through_its_public_surface(module: str) -> None:
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
     used |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not CONCRETE_SOURCES & used, f"{module} names {CONCRETE_SOURCES & used}"
+
+
+def test_the_storage_namespace_only_reexports_the_storage_layer() -> None:
+    """``arrayfeed.storage`` names objects ``arrayfeed._storage`` defines, and defines none: a
+    format's author and the storage layer see the same classes."""
+    tree = ast.parse(MODULES["arrayfeed.storage"].read_text())
+    imported: list[str] = []
+    exported: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.ImportFrom) and (node.level, node.module) == (1, "_storage"):
+            imported += [alias.asname or alias.name for alias in node.names]
+        elif isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__":
+            exported = ast.literal_eval(node.value)
+        else:
+            pytest.fail(f"arrayfeed/storage.py:{node.lineno} does more than re-export _storage")
+    assert exported == sorted(imported), "__all__ is every name imported, sorted"
+
+
+def test_a_public_name_has_one_home() -> None:
+    """The top level keeps what a training script uses; a format's author imports from
+    ``arrayfeed.storage``; no name is in both."""
+    import arrayfeed
+    import arrayfeed.storage
+
+    for module in (arrayfeed, arrayfeed.storage):
+        assert module.__all__ == sorted(module.__all__), module.__name__
+        assert all(hasattr(module, name) for name in module.__all__), module.__name__
+    assert not set(arrayfeed.__all__) & set(arrayfeed.storage.__all__)
 
 
 #: Modules of pure logic: the standard library only (no I/O libraries, no NumPy, no arrayfeed

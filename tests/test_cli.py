@@ -18,6 +18,7 @@ import zarr
 import arrayfeed as af
 from arrayfeed._cli import main, parse_assignments
 from arrayfeed._conversion.copy import TEST_HOOK_ENV
+from arrayfeed.storage import written_by_arrayfeed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +98,7 @@ def test_convert_every_path_form(
     x = np.load(data / "x.npy")
     for name in "abcdef":
         assert np.array_equal(read(out, name), x)
-    assert af.written_by_arrayfeed(out).chunk_rows == 16  # type: ignore[union-attr]
+    assert written_by_arrayfeed(out).chunk_rows == 16  # type: ignore[union-attr]
 
 
 def test_convert_shuffle_and_quiet(capsys: pytest.CaptureFixture[str], data: Path) -> None:
@@ -118,7 +119,7 @@ def test_convert_shuffle_and_quiet(capsys: pytest.CaptureFixture[str], data: Pat
     assert sorted(y.tolist()) == list(range(100)) and np.array_equal(
         read(out, "x"), np.load(data / "x.npy")[y]
     )
-    assert af.written_by_arrayfeed(out).shuffle_seed == 5  # type: ignore[union-attr]
+    assert written_by_arrayfeed(out).shuffle_seed == 5  # type: ignore[union-attr]
 
 
 def test_overwrite(capsys: pytest.CaptureFixture[str], data: Path) -> None:

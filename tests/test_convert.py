@@ -25,6 +25,7 @@ from arrayfeed._conversion import convert as _convert
 from arrayfeed._conversion import copy as _copy
 from arrayfeed._conversion.copy import TEST_HOOK_ENV
 from arrayfeed._storage import MARKER, ConversionRecord
+from arrayfeed.storage import written_by_arrayfeed
 
 from .conftest import subprocess_env
 
@@ -106,7 +107,7 @@ def test_round_trip_every_input_form(
     assert np.array_equal(read(out, "x"), x)
     assert np.array_equal(read(out, "y"), y)
     assert read(out, "x").dtype == np.float32 and read(out, "y").dtype == np.int64
-    assert record == af.written_by_arrayfeed(out)
+    assert record == written_by_arrayfeed(out)
     assert record.complete and record.rows == N and record.shuffle_seed is None
     assert not [n for n in listing(tmp_path) if n.startswith(".")]  # no workspace left
 
@@ -636,23 +637,21 @@ def test_written_by_arrayfeed(tmp_path: Path) -> None:
     zarr.create_array(str(tmp_path / "lone.zarr"), data=np.arange(3))
     (tmp_path / "text.txt").write_text("hi")
     for name in ("foreign.h5", "foreign.zarr", "lone.zarr", "text.txt"):
-        assert af.written_by_arrayfeed(tmp_path / name) is None
+        assert written_by_arrayfeed(tmp_path / name) is None
     with pytest.raises(af.SourceNotFoundError):
-        af.written_by_arrayfeed(tmp_path / "missing.h5")
+        written_by_arrayfeed(tmp_path / "missing.h5")
 
     record = af.convert({"x": np.arange(3)}, tmp_path / "ours.zarr", progress=False)
     af.convert({"x": np.arange(3)}, tmp_path / "ours.h5", progress=False)
-    assert af.written_by_arrayfeed(zarr.open_group(str(tmp_path / "ours.zarr"), mode="r")) == record
+    assert written_by_arrayfeed(zarr.open_group(str(tmp_path / "ours.zarr"), mode="r")) == record
     with h5py.File(tmp_path / "ours.h5", "r") as f:
-        assert af.written_by_arrayfeed(f["x"].parent) == af.written_by_arrayfeed(
-            tmp_path / "ours.h5"
-        )
+        assert written_by_arrayfeed(f["x"].parent) == written_by_arrayfeed(tmp_path / "ours.h5")
     assert record.version == af.__version__ and record.to_json()["checksum"] == "crc32"
 
     with h5py.File(tmp_path / "ours.h5", "a") as f:
         f.attrs[MARKER] = "{not json"
     with pytest.raises(af.CorruptDataError, match="not a record written by arrayfeed"):
-        af.written_by_arrayfeed(tmp_path / "ours.h5")
+        written_by_arrayfeed(tmp_path / "ours.h5")
 
 
 def test_record_round_trips_through_json() -> None:

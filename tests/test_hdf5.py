@@ -23,6 +23,7 @@ from arrayfeed._storage import (
 )
 from arrayfeed._storage.hdf5.files import check_filters as check_h5_filters
 from arrayfeed._storage.hdf5.source import H5ContiguousSource, H5Source
+from arrayfeed.storage import written_by_arrayfeed
 from arrayfeed.testing import SourceTests
 
 from ._shapes import _halves
@@ -229,4 +230,4 @@ def test_a_file_named_like_hdf5_that_is_not_is_named_everywhere_alike(tmp_path: 
     for call in (af.open_array, describe, array_keys):
         with pytest.raises(af.CorruptDataError, match=r"cannot open HDF5 file '.*junk\.h5'"):
             call(tmp_path / "junk.h5")
-    assert af.written_by_arrayfeed(tmp_path / "junk.h5") is None
+    assert written_by_arrayfeed(tmp_path / "junk.h5") is None

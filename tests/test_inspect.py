@@ -11,6 +11,7 @@ import pytest
 import zarr
 
 import arrayfeed as af
+from arrayfeed.storage import written_by_arrayfeed
 
 
 def test_converted_stores_are_suited(tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_converted_stores_are_suited(tmp_path: Path) -> None:
         af.convert({"images": x, "labels": y}, tmp_path / name, progress=False, **kwargs)
         report = af.inspect(tmp_path / name)
         assert report.suited and report.problems == () and report.fixes == ()
-        assert report.record == af.written_by_arrayfeed(tmp_path / name)
+        assert report.record == written_by_arrayfeed(tmp_path / name)
         assert [a.name for a in report.arrays] == ["images", "labels"]
         text = str(report)
         assert "Layout: suited to shuffled batch reads." in text
@@ -232,7 +233,7 @@ def test_one_array_of_a_converted_store_keeps_its_record(tmp_path: Path) -> None
     out = tmp_path / "c.zarr"
     af.convert({"x": np.zeros((100, 4)), "y": np.arange(100)}, out, progress=False)
     report = af.inspect(f"{out}:y")
-    assert report.record == af.written_by_arrayfeed(out) and report.suited
+    assert report.record == written_by_arrayfeed(out) and report.suited
     assert "(written by arrayfeed" in str(report).splitlines()[0]
     np.save(tmp_path / "lone.npy", np.zeros(3))
     with pytest.raises(af.SourceNotFoundError, match=r"holds one array, .* drop ':x'"):

@@ -25,7 +25,6 @@ KNOBS = [
     "start_epoch",
     "start_step",
     "resume",
-    "map_processes",
     "sparse",
     "storage_options",
     "cache",
@@ -81,6 +80,10 @@ def test_a_call_that_does_not_fit_is_a_type_error_naming_the_entry_point(entry: 
         TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'bach_size'$"
     ):
         entry(np.zeros(4), bach_size=2)
+    with pytest.raises(  # the older name of `processes` is gone: no alias, no warning
+        TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'map_processes'$"
+    ):
+        entry(np.zeros(4), map_processes=1)
     with pytest.raises(TypeError, match=rf"^{name}\(\) missing a required argument: 'x'$"):
         entry()
     with pytest.raises(TypeError, match=rf"^{name}\(\) too many positional arguments$"):

@@ -23,17 +23,9 @@ import pytest
 import zarr
 
 import arrayfeed as af
-from arrayfeed._storage import (
-    ArrayLayout,
-    StoreInfo,
-    as_source,
-    describe,
-    is_array_like,
-    registry,
-    split_spec,
-)
+from arrayfeed._storage import as_source, describe, is_array_like, registry, split_spec
 from arrayfeed._storage.npy.memory import ArraySource
-from arrayfeed._storage.registry import Backend, Location, OpenOptions
+from arrayfeed.storage import ArrayLayout, Backend, Location, OpenOptions, StoreInfo
 from arrayfeed.testing import SourceTests
 
 STORAGE = Path(registry.__file__).parent

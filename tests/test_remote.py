@@ -34,6 +34,7 @@ import zarr
 import arrayfeed as af
 from arrayfeed._cli import main
 from arrayfeed._storage import Source
+from arrayfeed.storage import written_by_arrayfeed
 from arrayfeed.testing import SourceTests
 from arrayfeed.testing.latency import LatencyProxy
 
@@ -289,7 +290,7 @@ def test_a_sparse_matrix_into_s3_as_csr(bucket: str) -> None:
     matrix = scipy.sparse.random(ROWS, 40, density=0.1, format="csr", random_state=3)
     url = f"s3://{bucket}/m.zarr"
     record = af.convert({"m": matrix}, url, chunk_rows=100, compression="lzf", progress=False)
-    assert record.sparse == {"m": (40, matrix.nnz)} and af.written_by_arrayfeed(url) == record
+    assert record.sparse == {"m": (40, matrix.nnz)} and written_by_arrayfeed(url) == record
     source = af.open_array(url, "m")
     assert source.read(np.arange(ROWS, dtype=np.int64)).tobytes() == matrix.toarray().tobytes()
     assert af.verify(url, progress=False).arrays == ("m",)
@@ -299,7 +300,7 @@ def test_convert_into_s3_and_back(tmp_path: Path, bucket: str) -> None:
     data = _data()
     url = f"s3://{bucket}/out.zarr"
     record = af.convert(data, url, chunk_rows=200, compression="gzip", progress=False)
-    assert record.complete and af.written_by_arrayfeed(url) == record
+    assert record.complete and written_by_arrayfeed(url) == record
     for name, array in data.items():
         source = af.open_array(url, name)
         assert source.strict  # type: ignore[attr-defined]
@@ -385,7 +386,7 @@ def test_an_unfinished_conversion_is_refused_and_replaced(
         m.setattr(zarr_write, "remove_store", lambda output: None)  # as after `kill -9`
         with pytest.raises(KeyboardInterrupt):
             af.convert(data, url, chunk_rows=100, progress=False)
-    assert af.written_by_arrayfeed(url).complete is False  # type: ignore[union-attr]
+    assert written_by_arrayfeed(url).complete is False  # type: ignore[union-attr]
     with pytest.raises(af.CorruptDataError, match="has not finished"):
         af.open_array(url, "x")
     assert "UNFINISHED" in str(af.inspect(url))

@@ -306,7 +306,7 @@ def _double_labels(batch: Any) -> Any:
     return x, y * 2
 
 
-def test_map_processes_beside_held_labels(tmp_path: Path) -> None:
+def test_loaders_map_beside_held_labels(tmp_path: Path) -> None:
     """Groups read into shared memory for worker processes gather the held labels too."""
     with h5py.File(_write(tmp_path / "d.h5"), "r") as f:
         stream = af.batches(
@@ -317,7 +317,7 @@ def test_map_processes_beside_held_labels(tmp_path: Path) -> None:
             seed=2,
             shard=None,
             map_batch=_double_labels,
-            map_processes=1,
+            processes=1,
         )
         for _ in range(2):
             got = [(bx.copy(), by.copy()) for bx, by in stream]

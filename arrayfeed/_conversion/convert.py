@@ -6,10 +6,10 @@ atomic: everything is written inside a hidden workspace beside the output (see :
 flushed, read back and checked against the shapes, dtypes and CRC-32 checksums of what was read
 from the inputs (:mod:`.verify`), and only then renamed onto the output path.
 
-Every converted store carries a :class:`~arrayfeed.ConversionRecord`, read back by
-:func:`arrayfeed.written_by_arrayfeed`. Zarr
-stores are written *complete* (every chunk stored, even one equal to the fill value), so a
-missing chunk in a store that carries the record is corruption.
+Every converted store carries a :class:`~arrayfeed.storage.ConversionRecord`, read back by
+:func:`arrayfeed.storage.written_by_arrayfeed`. Zarr stores are written *complete* (every chunk
+stored, even one equal to the fill value), so a missing chunk in a store that carries the record
+is corruption.
 """
 
 from __future__ import annotations

@@ -32,8 +32,10 @@ from .base import (
     Closeable,
     Encoded,
     GatherInto,
+    Indices,
     KeptLocally,
     Portability,
+    Portable,
     Prefetch,
     ReadPiecesInto,
     ReadRangeInto,
@@ -67,6 +69,7 @@ from .open import (
     written_by_arrayfeed,
 )
 from .record import MARKER, SPARSE_COMPONENTS, ConversionRecord
+from .registry import Backend, Location, OpenOptions, PluginWarning, loaded, register
 from .remote.cachereport import CacheReport, cache_bytes_on_disk, cache_report
 from .remote.cachespec import CacheSpec, cache_spec
 from .remote.errors import remote_error
@@ -99,6 +102,7 @@ __all__ = [
     "ArrayLayout",
     "CacheReport",
     "CacheSpec",
+    "Backend",
     "Categorical",
     "Chunked",
     "Closeable",
@@ -108,7 +112,12 @@ __all__ = [
     "Format",
     "GatherInto",
     "KeptLocally",
+    "Indices",
+    "Location",
+    "OpenOptions",
+    "PluginWarning",
     "Portability",
+    "Portable",
     "Prefetch",
     "ReadPiecesInto",
     "ReadRangeInto",
@@ -138,6 +147,7 @@ __all__ = [
     "forget_filesystems",
     "is_url",
     "kept_locally",
+    "loaded",
     "mark_complete",
     "open_array",
     "open_for_copy",
@@ -148,6 +158,7 @@ __all__ = [
     "remote_error",
     "remove_store",
     "ragged_arange",
+    "register",
     "row_bytes",
     "row_nbytes",
     "run_bounds",

@@ -266,7 +266,9 @@ def portability(source: Source) -> Portability:
     if isinstance(source, Portable):
         return source.portability()
     return Portability(
-        "stays", f"a {type(source).__name__}, which does not say how it can be read elsewhere"
+        "stays",
+        f"a {type(source).__name__}, which does not say how it can be read elsewhere (a "
+        "format's source says it with arrayfeed.storage.Portable)",
     )
 
 

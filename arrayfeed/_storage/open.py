@@ -61,7 +61,7 @@ def open_array(
     cache: str | os.PathLike[str] | bool | None = None,
     cache_limit: int | None = None,
 ) -> Source:
-    """Open an array on disk as a :class:`Source`, without reading its data.
+    """Open an array on disk as a :class:`~arrayfeed.storage.Source`, without reading its data.
 
     - ``.npy``: memory-mapped read-only (``key`` must be None).
     - ``.npz``: the array ``key`` (loaded into memory; ``.npz`` members cannot be memory-mapped).
@@ -363,7 +363,8 @@ def open_written(
 def written_by_arrayfeed(
     store: str | os.PathLike[str] | Any, *, storage_options: Mapping[str, Any] | None = None
 ) -> ConversionRecord | None:
-    """The :class:`ConversionRecord` of a store :func:`convert` wrote, or None for any other store.
+    """The :class:`~arrayfeed.storage.ConversionRecord` of a store :func:`~arrayfeed.convert`
+    wrote, or None for any other store.
 
     A store with a record was written complete and verified: every Zarr chunk is stored, so a
     missing chunk (which Zarr would silently read as the fill value) means corruption, and each
@@ -372,16 +373,18 @@ def written_by_arrayfeed(
     Args:
         store: Path or URL of an HDF5 file or Zarr store, or an open ``zarr.Group`` /
             ``h5py`` file or group (the record is on the root).
-        storage_options: For a URL: options of its fsspec filesystem (see :func:`open_array`).
+        storage_options: For a URL: options of its fsspec filesystem (see
+            :func:`~arrayfeed.open_array`).
 
     Raises:
         SourceNotFoundError: Nothing exists at the path.
         CorruptDataError: The record is malformed.
 
     >>> import numpy as np, tempfile, os, arrayfeed as af
+    >>> from arrayfeed.storage import written_by_arrayfeed
     >>> out = os.path.join(tempfile.mkdtemp(), "data.zarr")
     >>> _ = af.convert({"x": np.zeros((10, 2))}, out, progress=False)
-    >>> af.written_by_arrayfeed(out).complete
+    >>> written_by_arrayfeed(out).complete
     True
     """
     for backend in backends():

@@ -19,7 +19,12 @@ for its metadata before HDF5 reads its signature; and the NumPy backend, which l
 NumPy can make an array of, comes last.
 
 Every subpackage is imported (and so registered) the first time :func:`backends` is called, so a
-new format is one subpackage: its backend, registered in its ``__init__``. A backend module
+new format is one subpackage: its backend, registered in its ``__init__``. Another package adds a
+format without touching arrayfeed, as xarray's ``xarray.backends`` do: an entry point of the group
+``arrayfeed.backends`` (:data:`ENTRY_POINTS`) naming its :class:`Backend` subclass (or an
+instance), registered in the same call, after the subpackages. A built-in name is not replaced,
+and an entry point that fails to load gives a :class:`PluginWarning` naming it, never an error:
+one broken package must not stop every other format from opening. A backend module
 imports its format's library (h5py, zarr) and heavier modules only in the methods that use them
 (and recognises an object of that library with :func:`loaded`), as xarray's entry points do:
 opening a ``.npy`` file, or starting a loader process that reads one, imports neither.
@@ -29,9 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import pkgutil
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +53,13 @@ from .record import ConversionRecord
 from .remote.paths import RemotePath
 
 __all__ = [
+    "ENTRY_POINTS",
     "Arrays",
     "Backend",
     "Format",
     "Location",
     "OpenOptions",
+    "PluginWarning",
     "backends",
     "loaded",
     "register",
@@ -67,6 +76,15 @@ Format = Literal["hdf5", "zarr"]
 
 #: Arrays a writer creates: name -> ``(shape, dtype)``.
 Arrays = Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]]
+
+#: The entry point group through which another package adds a format.
+ENTRY_POINTS = "arrayfeed.backends"
+
+
+class PluginWarning(RuntimeWarning):
+    """A backend another package declares in the entry point group ``arrayfeed.backends`` is
+    not used (it failed to load, is not a :class:`Backend`, or takes a name already registered).
+    The message names the entry point and the package; every other format still opens."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +228,9 @@ class Backend:
 _REGISTERED: dict[str, Backend] = {}
 _ORDERED: list[tuple[Backend, ...]] = []  # the sorted registry, once every subpackage is imported
 _LOCK = threading.Lock()
+_PLUGINS_ASKED: list[bool] = []  # set once the entry points have been loaded (or are loading)
+# Reentrant: a plugin's module may list the backends (or register one) while it is imported.
+_PLUGINS_LOCK = threading.RLock()
 
 
 def register(backend: Backend) -> None:
@@ -234,10 +255,89 @@ def backends() -> tuple[Backend, ...]:
         return ordered
     for module in _subpackages():
         importlib.import_module(module)
+    _load_plugins()
     with _LOCK:
         if not _ORDERED:
             _ORDERED.append(tuple(sorted(_REGISTERED.values(), key=lambda b: (b.order, b.name))))
         return _ORDERED[0]
+
+
+def _load_plugins() -> None:
+    """Register the backend of every entry point of :data:`ENTRY_POINTS`, once per process."""
+    with _PLUGINS_LOCK:
+        if _PLUGINS_ASKED:
+            return  # loaded, or loading further up this thread's stack
+        _PLUGINS_ASKED.append(True)
+        entries = importlib.metadata.entry_points(group=ENTRY_POINTS)
+        for entry in sorted(entries, key=lambda e: (e.name, e.value)):
+            backend = _plugin_backend(entry)
+            if backend is not None:
+                _register_plugin(backend, entry)
+
+
+def _plugin_backend(entry: importlib.metadata.EntryPoint) -> Backend | None:
+    """The backend ``entry`` names, or None after a warning saying why it cannot be used."""
+    try:
+        named = entry.load()
+        backend = named() if isinstance(named, type) and issubclass(named, Backend) else named
+    except Exception as exc:  # whatever a foreign import raises: the other formats still open
+        _warn(
+            entry, f"failed to load ({type(exc).__name__}: {exc})", "Fix that error in the package"
+        )
+        return None
+    if not isinstance(backend, Backend):
+        _warn(
+            entry,
+            f"names {_kind(named)}, which is neither a subclass nor an instance of "
+            "arrayfeed.storage.Backend",
+            "Make the entry point name the package's Backend subclass",
+        )
+        return None
+    wrong = [
+        f"{attr}={getattr(backend, attr, None)!r}"
+        for attr, kind in (("name", str), ("label", str), ("order", int))
+        if not isinstance(getattr(backend, attr, None), kind)
+    ]
+    if wrong:
+        _warn(
+            entry,
+            f"names {type(backend).__name__}, whose {', '.join(wrong)} is not what a Backend sets",
+            "Set its class attributes `name` and `label` (str) and `order` (int)",
+        )
+        return None
+    return backend
+
+
+def _kind(obj: Any) -> str:
+    return f"the class {obj.__qualname__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+
+
+def _register_plugin(backend: Backend, entry: importlib.metadata.EntryPoint) -> None:
+    with _LOCK:
+        held = _REGISTERED.get(backend.name)
+        if held is None or type(held) is type(backend):  # the plugin may register itself too
+            _REGISTERED[backend.name] = backend
+            _ORDERED.clear()
+            return
+    # Built-in formats (and backends registered earlier) keep their name: a package installed
+    # for one project must not change how another's files open.
+    _warn(
+        entry,
+        f"registers a backend named {backend.name!r}, which {held!r} already is; the entry "
+        "point is not used",
+        "Give the package's Backend another `name`",
+    )
+
+
+def _warn(entry: importlib.metadata.EntryPoint, what: str, fix: str) -> None:
+    package = f" of the package {entry.dist.name}" if entry.dist is not None else ""
+    warnings.warn(
+        f"The storage backend entry point {entry.name!r} ({entry.value}){package} in the group "
+        f"{ENTRY_POINTS!r} {what}; every other format still opens. {fix}, or uninstall the package if its "
+        "format is not needed.",
+        PluginWarning,
+        stacklevel=1,  # raised wherever formats are first listed: no caller to point at
+    )
 
 
 def loaded(module: str) -> Any:

@@ -1,4 +1,4 @@
-"""Conformance tests that every :class:`~arrayfeed.Source` backend must pass.
+"""Conformance tests that every :class:`~arrayfeed.storage.Source` backend must pass.
 
 :class:`SourceTests` is a pytest base class, as ``zarr.testing`` ships ``StoreTests``: a backend's
 test module subclasses it, implements :meth:`SourceTests.make_source` (write ``data`` the way the
@@ -14,7 +14,7 @@ does not. A third-party backend runs it like this::
 
     import numpy as np
 
-    from arrayfeed import Source
+    from arrayfeed.storage import Source
     from arrayfeed.testing import SourceTests
     from mybackend import MySource, write_my_format
 

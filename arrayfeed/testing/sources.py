@@ -60,7 +60,7 @@ class _Sources:
 
 
 class SourceTests:
-    """The contract of a :class:`~arrayfeed.Source`, as tests a backend's test class inherits.
+    """The contract of a :class:`~arrayfeed.storage.Source`, as tests a backend's test class inherits.
 
     Subclasses implement :meth:`make_source` and may narrow the data it is given. They may also
     add tests of their own: the ``open_source`` fixture makes sources (``open_source(data)``),

@@ -5,7 +5,7 @@
 - ``api-rest`` (reStructuredText, inside ``{eval-rst}``): autodoc of every name of ``arrayfeed.__all__`` that the page has not
   documented above it (``:exceptions:`` for the errors only), so a new public name appears in the
   API reference without an edit. The build also warns (an error under ``-W``) when a public name
-  is documented nowhere.
+  (of ``arrayfeed`` or ``arrayfeed.storage``) is documented nowhere.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
 import arrayfeed
+import arrayfeed.storage
 from arrayfeed._cli import build_parser
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,8 @@ class CliHelp(SphinxDirective):
         return [block]
 
 
-def public_names() -> list[str]:
-    return [name for name in arrayfeed.__all__ if name != "__version__"]
+def public_names(module: Any = arrayfeed) -> list[str]:
+    return [name for name in module.__all__ if name != "__version__"]
 
 
 def _kind(obj: Any) -> str:
@@ -106,11 +107,15 @@ class ApiRest(SphinxDirective):
 
 def check_every_public_name(app: Sphinx, env: BuildEnvironment) -> None:
     documented = set(env.get_domain("py").objects)  # type: ignore[attr-defined]
-    for name in public_names():
-        if f"arrayfeed.{name}" not in documented:
-            logger.warning(
-                "arrayfeed.%s is in arrayfeed.__all__ but not in the API reference", name
-            )
+    for module in (arrayfeed, arrayfeed.storage):
+        for name in public_names(module):
+            if f"{module.__name__}.{name}" not in documented:
+                logger.warning(
+                    "%s.%s is in %s.__all__ but not in the API reference",
+                    module.__name__,
+                    name,
+                    module.__name__,
+                )
 
 
 #: Types whose runtime name is not the one users know (``tf.data.Dataset`` is ``DatasetV2``).

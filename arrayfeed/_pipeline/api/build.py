@@ -61,9 +61,9 @@ def build_feed(
     ``caller`` is the entry point's name, as messages cite it; ``shard_kinds`` lists the kinds of
     ``shard`` it accepts, for the message refusing any other. Checks run in a fixed order (the
     structure and arrays, ``shard``, ``shuffle``, the plan's arguments, ``num_threads``,
-    ``map_batch``, ``sparse``, ``processes`` and ``map_processes``, the start position, ``resume``, the
-    seed needed to resume),
-    so a call with several mistakes reports the same one whichever entry point it went through.
+    ``map_batch``, ``sparse``, ``processes``, the start position, ``resume``, the seed needed to
+    resume), so a call with several mistakes reports the same one whichever entry point it went
+    through.
     """
     x, y, seed, map_batch = args.x, args.y, args.seed, args.map_batch
     cache = cache_spec(args.cache, args.cache_limit)
@@ -93,12 +93,7 @@ def build_feed(
         check_map_batch(map_batch, y is not None)
     sparse_out = check_sparse(args.sparse, sources, map_batch, caller)
     processes, required = loader_processes(
-        args.processes,
-        args.map_processes,
-        map_batch=map_batch,
-        sources=sources,
-        names=names,
-        sparse=sparse_out,
+        args.processes, sources=sources, names=names, sparse=sparse_out
     )
     start = check_position(
         plan.steps, args.start_epoch, args.start_step, ("start_epoch", "start_step")

@@ -72,8 +72,8 @@ class FeedArgs:
             ``jax.jit``).
         map_batch: A vectorized function called on each whole batch (NumPy arrays in the batch's
             structure) returning a structure of arrays with the same batch size; the batches are
-            what it returns. It runs in reader threads, possibly concurrently (or see
-            ``map_processes``).
+            what it returns. It runs where the batches are read, possibly concurrently: in
+            reader threads, or in loader processes (see ``processes``).
         num_threads: Reader threads, fixed: groups read at once (in each loader process, if
             any), one more requested ahead. By default they are tuned while reading: they start
             at one per core (at most 4, or 8 when ``map_batch`` runs in them) and move to the
@@ -100,9 +100,6 @@ class FeedArgs:
             are this job's own. ``seed=None`` takes the state's seed. A state of other data, seed
             or shuffle mode is a :class:`~arrayfeed.ResumeError`. Not with ``start_epoch`` /
             ``start_step``.
-        map_processes: The older name of ``processes`` for a ``map_batch`` that holds the GIL (a
-            Python loop per row: crops, tokenising, decoding): ``map_processes=N`` is
-            ``processes=N``, whose loaders read and map. Needs ``map_batch``.
         sparse: Yield each sparse leaf (an AnnData CSR group, a ``scipy.sparse`` CSR matrix) as
             a sparse batch of shape ``(batch rows, n_cols)`` — a ``tf.SparseTensor`` from
             :func:`arrayfeed.from_arrays` (one batch per element), a ``scipy.sparse.csr_array``
@@ -152,7 +149,6 @@ class FeedArgs:
     start_epoch: int = 0
     start_step: int = 0
     resume: Mapping[str, Any] | None = None
-    map_processes: int | None = None
     sparse: bool = False
     storage_options: Mapping[str, Any] | None = None
     cache: str | os.PathLike[str] | bool | None = None

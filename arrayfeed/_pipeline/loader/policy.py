@@ -7,15 +7,15 @@ run on at least two cores (on one, a loader only takes turns with the training l
 when every leaf is an array in memory (gathered here about as fast as anywhere), and when the
 feed cannot be pickled for a loader (a ``map_batch`` holding a lock), its reader threads read
 here. ``processes=N`` asks for N loaders (and is refused, naming the
-leaf, when one cannot be read there); ``processes=0`` reads here. ``map_processes`` is the older
-name of ``processes`` for a ``map_batch`` that holds the GIL: its loaders read and map.
+leaf, when one cannot be read there); ``processes=0`` reads here. Loaders also run ``map_batch``,
+so ``processes=N`` is the way to map with a ``map_batch`` that holds the GIL.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..._errors import ConfigError
@@ -31,33 +31,19 @@ CARRIED_BYTES = 64 << 20
 
 def loader_processes(
     processes: Any,
-    map_processes: Any,
     *,
-    map_batch: Callable[[Any], Any] | None,
     sources: Sequence[Source],
     names: Sequence[str],
     sparse: bool,
 ) -> tuple[int, bool]:
     """The loader processes of a feed (0: its reader threads read in this process), from the
-    ``processes`` and ``map_processes`` arguments, checked, and the feed's leaves; and whether
-    they were asked for (else a feed that cannot be sent to a loader is read here)."""
+    ``processes`` argument, checked, and the feed's leaves; and whether they were asked for
+    (else a feed that cannot be sent to a loader is read here)."""
     asked = optional_integer(processes, "processes", low=0)
-    mapped = optional_integer(map_processes, "map_processes", low=0) or 0
-    if mapped and map_batch is None:
-        raise ConfigError(
-            f"`map_processes` ({mapped}) runs `map_batch` in loader processes, but `map_batch` "
-            "is None; pass a `map_batch`, or leave `map_processes` out."
-        )
-    if mapped and asked is not None and asked != mapped:
-        raise ConfigError(
-            f"`map_processes` ({mapped}) and `processes` ({asked}) both set how many loader "
-            "processes read and map; `map_processes` is the older name: pass `processes` alone."
-        )
-    explicit = asked if asked is not None else (mapped or None)
-    if explicit is not None:
-        if explicit:
-            _check_can_load(explicit, sources, names, sparse)
-        return explicit, True
+    if asked is not None:
+        if asked:
+            _check_can_load(asked, sources, names, sparse)
+        return asked, True
     if sparse or usable_cores() < 2 or not _platform_supported():
         return 0, False
     moves = [portability(s) for s in sources]

@@ -1,9 +1,9 @@
-"""``map_processes``: ``map_batch`` in loader processes, batches through shared memory.
+"""``map_batch`` in loader processes (``processes=N``), batches through shared memory.
 
-``map_processes=N`` is ``processes=N``: N loaders read and map, groups dealt out among them. The
-stream must be the one reader threads give, bit for bit; an exception in a loader is the
-``MapBatchError`` threads raise, with the loader's traceback as its cause; loaders stop with
-their datasets and leave no shared memory, file descriptor or zombie behind.
+N loaders read and map, groups dealt out among them. The stream must be the one reader threads
+give, bit for bit; an exception in a loader is the ``MapBatchError`` threads raise, with the
+loader's traceback as its cause; loaders stop with their datasets and leave no shared memory,
+file descriptor or zombie behind.
 
 No TensorFlow at the top of this module: loaders import it to find the ``map_batch`` functions
 below, and must start fast. The ``from_arrays`` tests import it.
@@ -192,7 +192,7 @@ def test_batches_stream_is_the_threads_stream_bit_for_bit(
     kwargs = CONFIGS[config]
     x, y, w = _data(write)
     expected = _epochs(af.batches(x, y, w, **kwargs, processes=0), 3)
-    b = af.batches(x, y, w, **kwargs, map_processes=2)
+    b = af.batches(x, y, w, **kwargs, processes=2)
     assert b._feed.stacked is stacked
     _same_stream(_epochs(b, 3), expected)
     assert b._feed.processes == 2 and len(set(_workers(b))) == 2
@@ -209,7 +209,7 @@ def test_results_held_by_the_caller_are_never_overwritten(
     kwargs = {"batch_size": 4, "seed": 1, "map_batch": pair_up, "num_threads": 1}
     reference = af.batches(x, y, w, **kwargs, processes=0)
     expected = [_epochs(reference, 1), _epochs(reference, 1)]
-    b = af.batches(x, y, w, **kwargs, map_processes=1)
+    b = af.batches(x, y, w, **kwargs, processes=1)
     kept = [_epochs(b, 1), _epochs(b, 1)]
     slots = b._feed._remote.slots
     assert slots.made > slots.keep
@@ -222,9 +222,9 @@ def test_from_arrays_stream_is_the_threads_stream_bit_for_bit(shuffle: bool, wri
     x, y, w = _data(write)
     kwargs = {"batch_size": 12, "seed": 5, "shuffle": shuffle, "map_batch": python_rows}
     expected = _epochs(af.from_arrays(x, y, w, **kwargs, processes=0))
-    ds = af.from_arrays(x, y, w, **kwargs, map_processes=2)
+    ds = af.from_arrays(x, y, w, **kwargs, processes=2)
     _same_stream(_epochs(ds), expected)
-    _same_stream(_epochs(af.batches(x, y, w, **kwargs, map_processes=1)), expected)
+    _same_stream(_epochs(af.batches(x, y, w, **kwargs, processes=1)), expected)
 
 
 def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs(
@@ -236,7 +236,7 @@ def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs(
     monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_MAP_SECONDS", 1.0)
     kwargs = {"batch_size": 7, "seed": 8, "map_batch": slow_identity}
     expected = _epochs(af.batches(np.arange(N), **kwargs, processes=0), 2)
-    b = af.batches(np.arange(N), **kwargs, map_processes=2)
+    b = af.batches(np.arange(N), **kwargs, processes=2)
     assert b._feed.group_steps == 2
     first, second = iter(b), iter(b)
     got: tuple[list[Any], list[Any]] = ([], [])
@@ -247,7 +247,7 @@ def test_interleaved_iterators_share_the_workers_and_get_their_own_epochs(
 
 
 def test_a_pickled_batches_has_its_own_link_to_the_loaders() -> None:
-    b = af.batches(np.arange(N), batch_size=10, seed=2, map_batch=slow_identity, map_processes=1)
+    b = af.batches(np.arange(N), batch_size=10, seed=2, map_batch=slow_identity, processes=1)
     first = list(b)
     copy = pickle.loads(pickle.dumps(b))
     copy.seek(0)
@@ -258,34 +258,15 @@ def test_a_pickled_batches_has_its_own_link_to_the_loaders() -> None:
 
 # -- errors ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [-1, 1.0, True, "2"])
-def test_bad_map_processes_values_are_refused(bad: object) -> None:
-    message = rf"`map_processes` must be a non-negative int or None \(got {bad!r}\)\.$"
+def test_bad_processes_values_are_refused(bad: object) -> None:
+    message = rf"`processes` must be a non-negative int or None \(got {bad!r}\)\.$"
     with pytest.raises(af.ConfigError, match=message):
-        af.batches(np.arange(N), map_batch=slow_identity, map_processes=bad)  # type: ignore[arg-type]
-
-
-def test_map_processes_without_map_batch_is_refused() -> None:
-    with pytest.raises(af.ConfigError, match=r"`map_processes` \(2\) runs `map_batch` .* is None"):
-        af.batches(np.arange(N), map_processes=2)
-    with pytest.raises(af.ConfigError, match=r"`map_processes` \(2\) runs `map_batch` .* is None"):
-        af.from_arrays(np.arange(N), map_processes=2)
-    for off in (None, 0):  # off: in-memory arrays are read in this process by default
-        b = af.batches(np.arange(N), map_processes=off)
-        assert b._feed.processes == 0
-        b = af.batches(np.arange(N), map_batch=slow_identity, map_processes=off)
-        assert b._feed.processes == 0
-
-
-def test_map_processes_and_processes_must_agree() -> None:
-    with pytest.raises(af.ConfigError, match=r"`map_processes` \(2\) and `processes` \(1\)"):
-        af.batches(np.arange(N), map_batch=slow_identity, map_processes=2, processes=1)
-    b = af.batches(np.arange(N), map_batch=slow_identity, map_processes=2, processes=2)
-    assert b._feed.processes == 2
+        af.batches(np.arange(N), map_batch=slow_identity, processes=bad)  # type: ignore[arg-type]
 
 
 def test_a_worker_exception_is_a_map_batch_error_with_its_traceback() -> None:
     b = af.batches(
-        np.arange(N), batch_size=10, shuffle=False, map_batch=slow_fail_at_row_50, map_processes=2
+        np.arange(N), batch_size=10, shuffle=False, map_batch=slow_fail_at_row_50, processes=2
     )
     assert b._feed.group_steps == 1  # one batch per group: the batches before it come first
     with pytest.raises(af.MapBatchError, match=r"^`map_batch` raised KeyError: 'row 50'$") as info:
@@ -302,7 +283,7 @@ def test_a_worker_exception_reaches_from_arrays_users() -> None:
     import tensorflow as tf
 
     ds = af.from_arrays(
-        np.arange(N), batch_size=10, shuffle=False, map_batch=fail_at_row_50, map_processes=1
+        np.arange(N), batch_size=10, shuffle=False, map_batch=fail_at_row_50, processes=1
     )
     with pytest.raises(tf.errors.OpError) as info:
         list(ds)
@@ -323,7 +304,7 @@ def test_results_unlike_the_first_are_named_as_threads_name_them(fn: Any, match:
     with pytest.raises(af.MapBatchError, match=match) as threads:
         list(af.batches(np.arange(N), **kwargs))
     with pytest.raises(af.MapBatchError, match=match) as processes:
-        list(af.batches(np.arange(N), **kwargs, map_processes=1))
+        list(af.batches(np.arange(N), **kwargs, processes=1))
     assert str(processes.value) == str(threads.value)
 
 
@@ -333,7 +314,7 @@ def test_a_crashed_loader_is_named_and_replaced(
     (tmp_path / "crash").touch()  # the first loader to see row 50 removes it and crashes
     monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)
     crash = functools.partial(exit_at_row_50, marker=str(tmp_path / "crash"))
-    b = af.batches(np.arange(N), batch_size=10, shuffle=False, map_batch=crash, map_processes=1)
+    b = af.batches(np.arange(N), batch_size=10, shuffle=False, map_batch=crash, processes=1)
     with pytest.raises(af.LoaderError, match=r"loader process \(pid \d+\) exited with code 3"):
         list(b)
     b.seek(0)
@@ -346,7 +327,7 @@ def test_a_lambda_and_its_closure_travel_to_the_loaders() -> None:
     offset = 1000
     kwargs = {"batch_size": 9, "seed": 7, "map_batch": lambda batch: batch + offset}
     expected = _epochs(af.batches(np.arange(N), **kwargs, processes=0))
-    _same_stream(_epochs(af.batches(np.arange(N), **kwargs, map_processes=2)), expected)
+    _same_stream(_epochs(af.batches(np.arange(N), **kwargs, processes=2)), expected)
 
 
 def test_a_map_batch_its_loaders_cannot_import_is_named() -> None:
@@ -354,7 +335,7 @@ def test_a_map_batch_its_loaders_cannot_import_is_named() -> None:
     exec("def identity(batch):\n    return batch\n", module.__dict__)
     sys.modules[module.__name__] = module
     try:
-        b = af.batches(np.arange(N), map_batch=module.identity, map_processes=1)
+        b = af.batches(np.arange(N), map_batch=module.identity, processes=1)
         with pytest.raises(
             af.LoaderError,
             match=r"could not load this dataset's feed .*"
@@ -379,7 +360,7 @@ def test_abandoned_iterators_leave_no_segments_processes_or_files(
     make = af.batches if entry == "batches" else af.from_arrays
     gc.collect()
     mapped = _shared_mappings()  # slots of datasets other tests left alive
-    ds = make(x, np.arange(2000), batch_size=8, seed=0, map_batch=python_rows_xy, map_processes=2)
+    ds = make(x, np.arange(2000), batch_size=8, seed=0, map_batch=python_rows_xy, processes=2)
     feed_id = _feed(ds)._remote.feed_id
     for _ in range(3):  # warm up: workers started, TensorFlow's one-off threads and files
         it = iter(ds)
@@ -428,7 +409,7 @@ def slow_identity(batch):
     return batch
 
 make = af.batches if sys.argv[1] == "batches" else af.from_arrays
-ds = make(np.arange(103), batch_size=5, seed=0, map_batch=slow_identity, map_processes=2)
+ds = make(np.arange(103), batch_size=5, seed=0, map_batch=slow_identity, processes=2)
 it = iter(ds)
 next(it)  # an iterator still alive, mid-epoch, with groups in the loaders
 print(*loaders().pids(), flush=True)
@@ -457,7 +438,7 @@ def test_deleting_the_dataset_stops_its_loaders(entry: str) -> None:
 
 
 def test_ctrl_c_in_the_loop_leaves_the_workers_usable() -> None:
-    b = af.batches(np.arange(N), batch_size=5, seed=0, map_batch=slow_identity, map_processes=2)
+    b = af.batches(np.arange(N), batch_size=5, seed=0, map_batch=slow_identity, processes=2)
     with pytest.raises(KeyboardInterrupt):
         for _ in b:
             raise KeyboardInterrupt
@@ -475,7 +456,7 @@ def slow_identity(batch):
     time.sleep(0.02)
     return batch
 
-b = af.batches(np.arange(10_000), batch_size=5, map_batch=slow_identity, map_processes=2)
+b = af.batches(np.arange(10_000), batch_size=5, map_batch=slow_identity, processes=2)
 for i, _ in enumerate(b):
     if i == 2:
         print(*[link.process.pid for link in b._feed._remote.members.links], flush=True)
