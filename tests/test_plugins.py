@@ -234,6 +234,13 @@ except af.ConfigError as exc:
     seen["not portable, processes=1"] = str(exc)
 rows = np.concatenate(list(af.batches(f"{root}/d.tiny", batch_size=8, shuffle=False)))
 seen["not portable, processes=None"] = rows.tobytes() == data.tobytes()
+
+# A file no format reads: the error names the installed formats too.
+open(f"{root}/junk.bin", "wb").write(b"neither")
+try:
+    af.open_array(f"{root}/junk.bin")
+except af.SourceNotFoundError as exc:
+    seen["unknown file"] = str(exc).replace(root, "ROOT")
 print(json.dumps(seen))
 """
 
@@ -271,6 +278,8 @@ def test_a_format_from_another_package(sites: dict[str, Path], tmp_path: Path) -
             "rows a loader read": 2 * 41,  # every row of both epochs (a probe reads here)
         },
         "not portable, processes=None": True,  # read in this process
+        "unknown file": "'ROOT/junk.bin' is not a .npy, .npz, HDF5 file or Zarr store (or, "
+        "from installed packages, .tiny); convert it with `arrayfeed convert`.",
     }
 
 

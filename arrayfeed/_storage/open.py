@@ -210,8 +210,10 @@ def _unknown(location: Location) -> SourceNotFoundError:
     """The error for a local path no backend knows (the formats named are those users meet)."""
     if isinstance(location, Path) and not os.path.lexists(location):
         return SourceNotFoundError(f"nothing at '{location}'; check the path.")
+    others = [b.label for b in backends() if not type(b).__module__.startswith(__package__)]
+    installed = f" (or, from installed packages, {', '.join(others)})" if others else ""
     return SourceNotFoundError(
-        f"'{location}' is not a .npy, .npz, HDF5 file or Zarr store; convert it with "
+        f"'{location}' is not a .npy, .npz, HDF5 file or Zarr store{installed}; convert it with "
         "`arrayfeed convert`."
     )
 
