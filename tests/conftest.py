@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# A suite started in the background of a shell without job control (`cmd &`, nohup, some CI
+# runners) inherits Ctrl-C ignored, and Python then raises no KeyboardInterrupt, here or in the
+# processes the tests start: the tests of Ctrl-C need it as a terminal delivers it. (A handler
+# set here is reset to the default in every child on exec.)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from collections.abc import Callable
 from pathlib import Path
