@@ -116,6 +116,17 @@ def loader_cpu() -> float:
     return total
 
 
+def steal() -> tuple[int, int]:
+    """``(steal, total)`` CPU ticks of the whole machine so far (/proc/stat): the share a
+    hypervisor gave to other guests. On a shared VM it moves every rate here, and the ratios
+    of cases measured at different times with it."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def usage() -> tuple[float, int]:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime, r.ru_minflt
@@ -173,6 +184,7 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
         num_threads=feed.num_threads,
     )
     if spec.get("step", True):
+        stolen0, total0 = steal()
         steps, t0 = 0, time.perf_counter()
         while time.perf_counter() < t0 + seconds:
             next(stream)
@@ -180,6 +192,8 @@ def run_case(spec: dict[str, Any]) -> dict[str, Any]:
             time.sleep(wait)
             steps += 1
         result["steps_per_s"] = steps / (time.perf_counter() - t0)
+        stolen1, total1 = steal()
+        result["steal_share"] = (stolen1 - stolen0) / max(1, total1 - total0)
     return result
 
 
@@ -208,13 +222,18 @@ def run_floor(spec: dict[str, Any]) -> dict[str, Any]:
         n += 1
     cpu_ms_per_batch = 1e3 * (usage()[0] - cpu0) / n
     gil, wait = spec["gil_ms"] / 1e3, spec["wait_ms"] / 1e3
-    steps, t0 = 0, time.perf_counter()
+    (stolen0, total0), steps, t0 = steal(), 0, time.perf_counter()
     while time.perf_counter() < t0 + spec["seconds"]:
         next(stream)
         busy(gil)
         time.sleep(wait)
         steps += 1
-    return {"steps_per_s": steps / (time.perf_counter() - t0), "cpu_ms_per_batch": cpu_ms_per_batch}
+    stolen1, total1 = steal()
+    return {
+        "steps_per_s": steps / (time.perf_counter() - t0),
+        "cpu_ms_per_batch": cpu_ms_per_batch,
+        "steal_share": (stolen1 - stolen0) / max(1, total1 - total0),
+    }
 
 
 def run_fit(spec: dict[str, Any]) -> dict[str, Any]:
@@ -431,6 +450,12 @@ def tables(report: dict[str, Any]) -> str:
             f"{fmt(summary(runs, 'trainer_cpu_ms_per_group')):>10} {fmt(net):>7} "
             f"{fmt(summary(runs, 'loader_cpu_s_per_gb')):>11} "
             f"{fmt(summary(runs, 'first_batch_after_iter_s')):>11}"
+        )
+    stolen = [r["steal_share"] for runs in samples.values() for r in runs if "steal_share" in r]
+    if stolen:
+        lines.append(
+            f"\nCPU time taken by the hypervisor (steal) during the steps: median "
+            f"{statistics.median(stolen):.0%}, most {max(stolen):.0%}"
         )
     lines += ["", *target_lines(samples, ratios)]
     return "\n".join(lines)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 import arrayfeed as af
+from arrayfeed._pipeline.plan import permutation
 from arrayfeed._pipeline.plan.elastic import Segment
 from arrayfeed._pipeline.plan.plan import Plan
 from arrayfeed._pipeline.tune.machine import usable_cores
@@ -52,7 +53,16 @@ def saved_state(x: Any, shuffle: Any, workers: int) -> dict[str, Any]:
     return af.state(old, 1, len(old) // 3)
 
 
+def cold_plans() -> None:
+    """Forget the permutations planning keeps for reuse (the last few keys): the runs are
+    interleaved, and a fresh start would otherwise find its own from the run before, where a
+    restarted job (a fresh start or a resume alike) finds none."""
+    permutation._exact.cache_clear()
+    permutation._round_keys.cache_clear()
+
+
 def first_batch(x: Any, shuffle: Any, shard: af.Shard, **start: Any) -> float:
+    cold_plans()
     began = time.perf_counter()
     b = af.batches(x, shuffle=shuffle, shard=shard, **OPTIONS, **start)
     next(iter(b))

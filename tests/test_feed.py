@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import arrayfeed as af
+from arrayfeed._pipeline.plan.indexblocks import groups
 from arrayfeed._pipeline.plan.plan import Plan
 from arrayfeed._pipeline.read.feed import Feed
 from arrayfeed._pipeline.read.structure import flatten
@@ -39,14 +40,14 @@ def _batches(feed: Feed) -> list[dict[str, np.ndarray]]:
 
 @pytest.mark.parametrize("group_steps", [1, 2, 3, 64])
 @pytest.mark.parametrize("drop", [False, True])
-def test_groups_cover_every_step_once(group_steps: int, drop: bool) -> None:
+@pytest.mark.parametrize("ramp", [False, True])
+def test_groups_cover_every_step_once(group_steps: int, drop: bool, ramp: bool) -> None:
     feed = _feed(drop=drop)
-    feed.group_steps = group_steps
-    groups = feed.groups()
-    steps = [s for first, stop in groups for s in range(first, stop)]
+    bounds = groups(feed.plan, 0, group_steps, ramp)
+    steps = [s for first, stop in bounds for s in range(first, stop)]
     assert steps == list(range(feed.plan.steps))
     # A short last batch is always alone in its group.
-    for first, stop in groups:
+    for first, stop in bounds:
         assert len({feed.plan.batch_rows(s) for s in range(first, stop)}) == 1
 
 
@@ -368,7 +369,8 @@ def test_a_short_pass_reads_the_next_epochs_first_groups_as_it_ends() -> None:
     epochs = {e for e, _ in reads}
     assert epochs == {0, 1, 2, 3}
     assert feed.ahead.last_seconds is not None and feed.ahead.last_seconds < 2
-    assert {f for e, f in reads if e < 3} == {*range(0, 62, 4), 62}  # (62: 4 rows)
+    assert {f for e, f in reads if e in (1, 2)} == {*range(0, 62, 4), 62}  # (62: 4 rows)
+    assert {f for e, f in reads if e == 0} == {0, 1, 2, *range(4, 62, 4), 62}  # the first ramps
     assert {f for e, f in reads if e == 3} <= {0, 4, 8}
 
 
@@ -406,8 +408,8 @@ def test_a_pass_reads_ahead_only_the_epoch_its_feed_takes_next() -> None:
     b += list(second)
     held = feed.ahead.held
     assert held is not None and (held.epoch, held.start_step) == (3, 0)
-    for groups, epoch in ((a, 1), (b, 2)):
-        ids = np.concatenate([g["a"].reshape(-1) for g in groups])
+    for taken, epoch in ((a, 1), (b, 2)):
+        ids = np.concatenate([g["a"].reshape(-1) for g in taken])
         np.testing.assert_array_equal(ids, plan.indices(epoch, 0, plan.steps))
 
 
@@ -416,7 +418,7 @@ def test_an_error_reading_ahead_is_raised_in_the_epoch_it_belongs_to() -> None:
     should, and epoch 2 raises the error at its first group."""
     x = np.arange(500)
     calls = [0]
-    fail_at = 17 * 2 + 1  # one thread reads in order: 17 groups an epoch
+    fail_at = 19 + 17 + 1  # one thread reads in order: 17 groups an epoch (the first ramps: 19)
 
     class Fails(ArraySource):
         def gather_into(self, indices: np.ndarray, out: np.ndarray) -> None:
@@ -452,7 +454,7 @@ def test_a_long_pass_reads_no_epoch_ahead(monkeypatch: pytest.MonkeyPatch) -> No
         )
         assert feed.ahead.held is None
         assert _reader_threads() == 0  # ended with the pass, not later
-    assert {e for e, _ in reads} == {0, 1} and len(reads) == 2 * 17
+    assert {e for e, _ in reads} == {0, 1} and len(reads) == 19 + 17  # (the first pass ramps)
 
 
 def test_an_epoch_cut_short_drops_the_pass_read_ahead() -> None:
@@ -461,8 +463,8 @@ def test_an_epoch_cut_short_drops_the_pass_read_ahead() -> None:
     _batches(feed)  # epoch 0
     reads = _record_reads(feed)
     it = feed()
-    groups = [next(it) for _ in range(17)]  # every group: the next epoch is read ahead now
-    assert len(groups) == 17
+    taken = [next(it) for _ in range(17)]  # every group: the next epoch is read ahead now
+    assert len(taken) == 17
     deadline = time.monotonic() + 10
     while (2, 0) not in reads:
         assert time.monotonic() < deadline, reads

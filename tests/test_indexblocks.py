@@ -14,20 +14,11 @@ from hypothesis import strategies as st
 
 import arrayfeed as af
 from arrayfeed._pipeline.plan import indexblocks
-from arrayfeed._pipeline.plan.indexblocks import EpochIndices
+from arrayfeed._pipeline.plan.indexblocks import EpochIndices, groups, ramp_sizes
 from arrayfeed._pipeline.plan.plan import Plan
 from arrayfeed._pipeline.read.feed import Feed
 from arrayfeed._pipeline.read.structure import flatten
 from arrayfeed._storage import as_source
-
-
-def _groups(plan: Plan, start: int, size: int) -> list[tuple[int, int]]:
-    # As Feed.groups: whole groups from `start`, and a short last batch in a group of its own.
-    full = plan.rows_per_epoch // plan.batch_size
-    bounds = [(s, min(s + size, full)) for s in range(start, full, size)]
-    if plan.steps > full and start <= full:
-        bounds.append((full, full + 1))
-    return bounds
 
 
 def _plan(n: int, count: int, batch: int, drop: bool, shuffle: str) -> Plan | None:
@@ -81,9 +72,42 @@ def test_groups_of_blocks_are_the_plans_indices(
     assert blocks.starts[0] == start and sizes[0] == min(group, plan.steps - start)
     assert all(s % group == 0 and s <= most for s in sizes[:-1])
     assert sum(sizes) == plan.steps - start
-    got = [blocks.get(lo, hi) for lo, hi in _groups(plan, start, group)]
+    got = [blocks.get(lo, hi) for lo, hi in groups(plan, start, group, ramp=False)]
     assert all(not g.flags.writeable for g in got)
     np.testing.assert_array_equal(np.concatenate(got), plan.indices(epoch, start, plan.steps))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    plan=plans,
+    group=st.integers(1, 40),
+    block_positions=st.integers(1, 500),
+    start_frac=st.floats(0, 1),
+)
+def test_a_ramping_pass_splits_its_first_group_and_reads_the_same_indices(
+    plan: Plan | None, group: int, block_positions: int, start_frac: float
+) -> None:
+    if plan is None:
+        return
+    start = int(start_frac * (plan.steps - 1))
+    whole = groups(plan, start, group, ramp=False)
+    ramped = groups(plan, start, group, ramp=True)
+    # The same steps in the same order; the first whole group split 1, 1, 2, 4, ...; the rest
+    # unchanged.
+    assert [s for a, b in ramped for s in range(a, b)] == [s for a, b in whole for s in range(a, b)]
+    split = [g for g in ramped if g[1] <= whole[0][1]]
+    assert ramped[len(split) :] == whole[1:]
+    sizes = [b - a for a, b in split]
+    ramp = ramp_sizes(group)
+    if sizes:  # (the last may be cut short where the epoch's whole batches end)
+        assert sizes[:-1] == ramp[: len(sizes) - 1] and 0 < sizes[-1] <= ramp[len(sizes) - 1]
+    if whole[0][1] - whole[0][0] > 1:
+        assert ramped[0] == (start, start + 1)  # the first batch waits for one batch's indices
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexblocks, "BLOCK_POSITIONS", block_positions)
+        blocks = EpochIndices(plan, 3, start, group, ramp=True)
+    got = [blocks.get(lo, hi) for lo, hi in ramped]  # each group inside one block
+    np.testing.assert_array_equal(np.concatenate(got), plan.indices(3, start, plan.steps))
 
 
 def test_each_block_is_computed_once_however_many_threads_ask(
@@ -119,7 +143,7 @@ def test_each_block_is_computed_once_however_many_threads_ask(
             else:
                 assert all(g is got[0] for g in got)
                 lo, hi = blocks.span(block)
-                parts += [blocks.get(*g) for g in _groups(plan, 0, 4) if lo <= g[0] < hi]
+                parts += [blocks.get(*g) for g in groups(plan, 0, 4, ramp=False) if lo <= g[0] < hi]
     np.testing.assert_array_equal(np.concatenate(parts), original(plan, 2, 0, plan.steps))
     assert len(calls) == len(set(calls)) == len(blocks.starts)
 
@@ -166,8 +190,9 @@ def test_a_feed_computes_indices_block_by_block_into_recycled_buffers(
     for epoch in range(3):
         got = np.concatenate([g.reshape(-1) for g in feed.epoch(epoch, start_step=5)])
         np.testing.assert_array_equal(got, expected[epoch])
-    groups = len(_groups(plan, 5, 4))
-    assert len(calls) <= 3 * (groups // 16 + 6)  # 1, 2, 4, 8 groups, then 16 at a time
+    count = len(groups(plan, 5, 4, ramp=False))
+    assert len(calls) <= 3 * (count // 16 + 6 + 3)  # 1, 2, 4, 8 groups, then 16 at a time
+    # (+3: the first pass ramps, 1, 1, 2 steps)
     feed = Feed([as_source(x, "x")], treedef, plan, num_threads=1)  # one order of events
     feed.group_steps = 4
     for _ in feed.epoch(0):  # each group let go before the next
@@ -226,7 +251,7 @@ def test_a_block_that_fails_ahead_of_need_fails_the_epoch(
     with pytest.raises(MemoryError, match="no room"):
         for group in feed.epoch(0):
             steps += len(group)  # batches stacked in the group
-    starts = EpochIndices(plan, 0, 0, 2).starts
+    starts = EpochIndices(plan, 0, 0, 2, ramp=True).starts  # (a feed's first pass ramps)
     assert steps == next(s for s in starts if s >= 100)  # every batch before the broken block
 
 
@@ -277,3 +302,37 @@ def _count_indices(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
 
     monkeypatch.setattr(Plan, "indices", counted)
     return calls
+
+
+def test_a_start_or_a_resume_waits_for_one_batchs_indices_later_epochs_take_whole_groups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first pass of a dataset, and the first after a resume on another number of workers,
+    compute one batch's indices before the first batch (a shuffle of millions of rows costs
+    one batch, not a group of thousands); later passes read whole groups."""
+    x = np.arange(400_000, dtype=np.int64)
+    computed: list[tuple[int, int, int]] = []
+    original = Plan.indices
+
+    def recorded(self: Plan, epoch: int, first: int, stop: int, *args: Any, **kw: Any) -> Any:
+        computed.append((epoch, first, stop))
+        return original(self, epoch, first, stop, *args, **kw)
+
+    monkeypatch.setattr(Plan, "indices", recorded)
+    options: dict[str, Any] = dict(batch_size=64, seed=3, processes=0, num_threads=1)
+    old = af.batches(x, shard=af.Shard(4, 1), **options)
+    group = old._feed.group_steps
+    assert group >= 64  # small rows: large groups
+    first = next(iter(old))
+    assert computed[0] == (0, 0, 1)
+    np.testing.assert_array_equal(first, x[old._feed.plan.indices(0, 0, 1)])
+    computed.clear()
+    list(old)  # a later pass: whole groups
+    assert computed[0] == (1, 0, group)
+    state = af.state(old, 0, len(old) // 3)
+    new = af.batches(x, shard=af.Shard(3, 2), resume=state, **options)
+    computed.clear()
+    epoch, step = new._feed.next_position
+    resumed = next(iter(new))
+    assert computed[0] == (epoch, step, step + 1)
+    np.testing.assert_array_equal(resumed, x[new._feed.plan.indices(epoch, step, step + 1)])

@@ -439,3 +439,43 @@ def test_a_feed_collected_while_the_ledger_is_busy_does_not_hang() -> None:
     worker.start()
     assert done.wait(10), "the finalizer waited for the ledger's lock"
     assert ledger.held == 0 and ledger.share(1) == 1 << 20
+
+
+class _FakeLoader:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.stopped = pid, 0
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def test_a_release_never_waits_for_the_thread_that_takes_loaders(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A feed's finalizer releases its loaders on whatever thread the garbage collector runs:
+    also the starter thread while another thread holds the loaders' lock, waiting for that
+    thread to start a loader. The release must not wait for the lock (that hung the suite); it
+    is applied when the holder lets go."""
+    from arrayfeed._pipeline.loader import processes
+
+    monkeypatch.setattr(processes, "LINGER_SECONDS", 0.05)
+    pool = processes._Loaders()
+    fake = _FakeLoader(pid=123456)
+    pool._processes.append(fake)  # type: ignore[arg-type]
+    pool._users[fake.pid] = {1, 2}
+    pool._lock.acquire()  # another thread taking loaders holds it
+    releasing = threading.Thread(target=pool.release, args=(1,))
+    releasing.start()
+    releasing.join(timeout=10)
+    assert not releasing.is_alive(), "a release waited for the lock"
+    assert pool._users[fake.pid] == {1, 2}  # queued, not applied under another's lock
+    pool._unlock()  # the holder lets go: the queued release is applied
+    assert pool._users[fake.pid] == {2}
+    pool.release(2)  # the lock free: applied at once, and the idle loader stops soon
+    deadline = time.monotonic() + 10
+    while not fake.stopped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.stopped == 1 and pool._processes == []

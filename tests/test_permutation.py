@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrayfeed._pipeline.plan.permutation import CHUNK, EXACT_MAX, derive_key, invert, permute
+from arrayfeed._pipeline.plan.permutation import (
+    CHUNK,
+    EXACT_MAX,
+    SCALAR_TAIL,
+    derive_key,
+    invert,
+    permute,
+)
 
 # Sizes on both sides of the switch from the exact construction to the Feistel network.
 SIZES = [0, 1, 2, 3, 10, 1000, EXACT_MAX - 1, EXACT_MAX, EXACT_MAX + 1, 3 * EXACT_MAX + 17, 1 << 18]
@@ -117,6 +124,20 @@ def test_the_stream_is_pinned() -> None:
     assert invert(np.arange(3), 2**40 + 3, 7).tolist() == [
         556844564515, 718827057540, 1011962142454,
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [(1 << 20) + 1, 3 * (1 << 19), 10**12 + 7])
+@pytest.mark.parametrize("fn", [permute, invert])
+def test_walking_the_last_few_one_by_one_gives_the_same_images(n: int, fn: Any) -> None:
+    # A large call walks nearly every position through NumPy; one position at a time walks on
+    # Python ints after the first step: both must land on the same images (n just above a
+    # power of two needs the most walking).
+    positions = np.random.default_rng(n).integers(0, n, size=4 * SCALAR_TAIL + 1000)
+    together = fn(positions, n, 3)
+    one_by_one = [int(fn(positions[i : i + 1], n, 3)[0]) for i in range(0, len(positions), 7)]
+    assert one_by_one == together[::7].tolist()
+    other = invert if fn is permute else permute
+    assert np.array_equal(other(together[:SCALAR_TAIL], n, 3), positions[:SCALAR_TAIL])
 
 
 @pytest.mark.parametrize("n", [1, EXACT_MAX - 1, (1 << 20) + 1, 10**12])

@@ -20,6 +20,7 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import LoaderError
+from ..plan.indexblocks import groups
 from ..read.readers import reads_next
 from .members import Asked, Link, Members
 from .processes import loaders
@@ -271,7 +272,9 @@ class RemoteFeed:
         if feed is None:
             raise RuntimeError("arrayfeed: a pass over a feed that is gone")
         treedef, batch = feed.treedef, feed.plan.batch_size
-        asked = self._take_ahead(epoch, start_step) or self._start(feed, epoch, start_step)
+        asked = self._take_ahead(epoch, start_step) or self._start(
+            feed, epoch, start_step, ramp=feed.ramps()
+        )
         del feed
         tuner, after, kept, follow = self.tuner, None, None, True
         tuner.pass_started(carried=asked.asked, whole=asked.asked == len(asked.todo))
@@ -311,8 +314,8 @@ class RemoteFeed:
         if kept is not None:
             self._keep_ahead(kept)
 
-    def _start(self, feed: Feed, epoch: int, start_step: int) -> Asked:
-        """Start a pass in every loader."""
+    def _start(self, feed: Feed, epoch: int, start_step: int, ramp: bool = False) -> Asked:
+        """Start a pass in every loader (``ramp``: see :meth:`~..read.feed.Feed.ramps`)."""
         with self._cond:
             self._check_links()
             if not len(self.slots):
@@ -323,10 +326,9 @@ class RemoteFeed:
             token = next(self._tokens)
             links = list(self.members.links)
             for link in links:
-                self._send(link, StartEpoch(token, epoch, start_step))
-            asked = Asked(
-                token, epoch, start_step, feed.groups(start_step), feed.group_owner(epoch), links
-            )
+                self._send(link, StartEpoch(token, epoch, start_step, ramp))
+            todo = groups(feed.plan, start_step, feed.group_steps, ramp)
+            asked = Asked(token, epoch, start_step, todo, feed.group_owner(epoch), links)
             self._live[token] = asked
         return asked
 

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -171,11 +172,14 @@ class _Loaders:
     feeds, and stopped :data:`LINGER_SECONDS` after the last feed using them is gone."""
 
     def __init__(self) -> None:
-        # Re-entrant: a feed collected by the garbage collector (one in a reference cycle) is
-        # released by its finalizer at any allocation, also one made while this lock is held
-        # (in take, on the same thread: a plain lock hung the test suite there).
+        # A feed collected by the garbage collector (one in a reference cycle) is released by
+        # its finalizer at any allocation, on whatever thread allocates: also the thread that
+        # holds this lock (re-entrant, so it goes on), and the starter thread while another
+        # holds it waiting for a loader to start. A release never waits for the lock: it is
+        # queued, and applied by whoever holds the lock as it lets go (:meth:`_unlock`).
         self._lock = threading.RLock()
         renew_after_fork(self, "_lock")  # a fork while another thread takes loaders
+        self._pending: deque[tuple[int, LoaderProcess | None]] = deque()
         self._processes: list[LoaderProcess] = []
         self._users: dict[int, set[int]] = {}  # pid -> feeds it serves
         self._timers: dict[int, threading.Timer] = {}
@@ -183,9 +187,11 @@ class _Loaders:
 
     def take(self, count: int, feed_id: int) -> list[LoaderProcess]:
         """``count`` loaders for the feed ``feed_id``, started (or restarted) as needed."""
-        with self._lock:
+        self._lock.acquire()
+        try:
             if self._pid != os.getpid():  # a fork's inheritance: its parent's loaders
                 self._processes, self._users, self._timers = [], {}, {}
+                self._pending.clear()
                 self._pid = os.getpid()
             for process in [p for p in self._processes if not p.alive()]:
                 self._forget(process)
@@ -201,13 +207,30 @@ class _Loaders:
                 if timer is not None:
                     timer.cancel()
             return taken
+        finally:
+            self._unlock()
 
     def release(self, feed_id: int, only: LoaderProcess | None = None) -> None:
         """The feed ``feed_id`` is gone (or no longer read by the loader ``only``): loaders
-        that serve no other feed stop soon."""
-        with self._lock:
-            if self._pid != os.getpid():
+        that serve no other feed stop soon. Never waits for another thread (see __init__)."""
+        self._pending.append((feed_id, only))
+        if self._lock.acquire(blocking=False):
+            self._unlock()
+
+    def _unlock(self) -> None:
+        """Apply the releases queued, then let go of the lock; again if more were queued
+        meanwhile and the lock is free (else its new holder applies them)."""
+        while True:
+            try:
+                while self._pending:
+                    self._release(*self._pending.popleft())
+            finally:
+                self._lock.release()
+            if not self._pending or not self._lock.acquire(blocking=False):
                 return
+
+    def _release(self, feed_id: int, only: LoaderProcess | None) -> None:
+        if self._pid == os.getpid():
             for process in self._processes if only is None else [only]:
                 users = self._users.get(process.pid, set())
                 users.discard(feed_id)
@@ -218,10 +241,13 @@ class _Loaders:
                     timer.start()
 
     def _idle(self, process: LoaderProcess) -> None:
-        with self._lock:
+        self._lock.acquire()
+        try:
             if self._timers.get(process.pid) is None or self._users.get(process.pid):
                 return
             self._forget(process)
+        finally:
+            self._unlock()
         process.stop()
 
     def _forget(self, process: LoaderProcess) -> None:
@@ -238,6 +264,7 @@ class _Loaders:
             for timer in self._timers.values():
                 timer.cancel()
             self._users, self._timers = {}, {}
+            self._pending.clear()
             if self._pid != os.getpid():
                 return
         for process in processes:

@@ -122,7 +122,9 @@ class FeedServer:
 
         state = _Pass(None)
         try:
-            state.reading = EpochPass(self.feed, message.epoch, message.start_step)
+            state.reading = EpochPass(
+                self.feed, message.epoch, message.start_step, ramp=message.ramp
+            )
         except BaseException as exc:  # every read of the pass reports it
             state.error = exc
         self.passes[message.token] = state

@@ -105,11 +105,13 @@ class AddSlots:
 
 @dataclass(frozen=True)
 class StartEpoch:
-    """Get ready to read groups of ``epoch`` from ``start_step`` on (``token`` names this pass)."""
+    """Get ready to read groups of ``epoch`` from ``start_step`` on (``token`` names this pass;
+    ``ramp``: its first group is split, see :func:`~..plan.indexblocks.ramp_sizes`)."""
 
     token: int
     epoch: int
     start_step: int
+    ramp: bool = False
 
 
 @dataclass(frozen=True)

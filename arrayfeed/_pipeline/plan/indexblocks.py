@@ -9,10 +9,13 @@ about 200 NumPy calls per pass of the permutation, each a possible wait (docs/pe
 about as many calls as one group did, so the waits per row fall by the ratio.
 
 The first blocks of an epoch are one group, then two, four, ... up to the full size: the first
-group does not wait for a large block. Each block is computed once, by the first reader that needs
-it (others wait for it), or ahead of need by :meth:`EpochIndices.prepare`, into a buffer of the
-full block size (one size, so a recycling pool reuses them); the arrays are read-only, and a block
-is forgotten once every one of its steps has been handed out (the groups hold their own views).
+group does not wait for a large block. A pass that ramps (:func:`ramp_sizes`) splits its first
+group into groups of one step, one, two, four, ..., and its first blocks are those groups: its
+first batch waits for the indices of one batch, not of a whole group. Each block is computed
+once, by the first reader that needs it (others wait for it), or ahead of need by
+:meth:`EpochIndices.prepare`, into a buffer of the full block size (one size, so a recycling
+pool reuses them); the arrays are read-only, and a block is forgotten once every one of its
+steps has been handed out (the groups hold their own views).
 """
 
 from __future__ import annotations
@@ -27,10 +30,46 @@ import numpy.typing as npt
 from .permutation import CHUNK
 from .plan import Plan
 
-__all__ = ["BLOCK_POSITIONS", "EpochIndices"]
+__all__ = ["BLOCK_POSITIONS", "EpochIndices", "groups", "ramp_sizes"]
 
 #: Most positions whose indices are computed at once: one pass of the permutation's work buffers.
 BLOCK_POSITIONS = CHUNK
+
+
+def ramp_sizes(group_steps: int) -> list[int]:
+    """Steps of the groups that the first group of a ramping pass is split into: each as many
+    as all before it (one, one, two, four, ...), ``group_steps`` in all. A consumer that takes a
+    batch while the next is read finds each ready as soon as the first is.
+
+    >>> ramp_sizes(8), ramp_sizes(10), ramp_sizes(1)
+    ([1, 1, 2, 4], [1, 1, 2, 4, 2], [1])
+    """
+    sizes, done = [], 0
+    while done < group_steps:
+        sizes.append(min(max(1, done), group_steps - done))
+        done += sizes[-1]
+    return sizes
+
+
+def groups(plan: Plan, start_step: int, group_steps: int, ramp: bool) -> list[tuple[int, int]]:
+    """``(first_step, stop_step)`` of each group of ``group_steps`` steps from ``start_step`` on;
+    a short last batch is a group of its own. With ``ramp``, the first group is split by
+    :func:`ramp_sizes`.
+
+    >>> groups(Plan(n_rows=100, batch_size=8, seed=0), 0, 4, ramp=True)
+    [(0, 1), (1, 2), (2, 4), (4, 8), (8, 12), (12, 13)]
+    """
+    full = plan.rows_per_epoch // plan.batch_size
+    bounds, first = [], start_step
+    for size in ramp_sizes(group_steps) if ramp else ():
+        if first >= full:
+            break
+        bounds.append((first, min(first + size, full)))
+        first += size
+    bounds += [(s, min(s + group_steps, full)) for s in range(first, full, group_steps)]
+    if plan.steps > full and start_step <= full:
+        bounds.append((full, full + 1))
+    return bounds
 
 
 class _Block:
@@ -43,8 +82,9 @@ class _Block:
 
 class EpochIndices:
     """The indices of steps ``[start_step, plan.steps)`` of ``epoch``, in blocks that are whole
-    groups of ``group_steps`` steps (groups start at ``start_step``). ``empty(n)``: where a
-    block's ``n`` indices go (a recycling pool; by default a new array)."""
+    groups of ``group_steps`` steps (groups start at ``start_step``; with ``ramp``, the first of
+    them is split by :func:`ramp_sizes`). ``empty(n)``: where a block's ``n`` indices go (a
+    recycling pool; by default a new array)."""
 
     def __init__(
         self,
@@ -53,12 +93,20 @@ class EpochIndices:
         start_step: int,
         group_steps: int,
         empty: Callable[[int], npt.NDArray[np.int64]] | None = None,
+        ramp: bool = False,
     ) -> None:
         self.plan, self.epoch = plan, epoch
         self._empty = empty or (lambda n: np.empty(n, dtype=np.int64))
         most = max(1, BLOCK_POSITIONS // (group_steps * plan.batch_size)) * group_steps
         self._positions = most * plan.batch_size  # of every block's buffer
-        starts, size, step = [], group_steps, start_step
+        starts: list[int] = []
+        step = start_step
+        for size in ramp_sizes(group_steps) if ramp else ():
+            if step >= plan.steps:
+                break
+            starts.append(step)
+            step += size
+        size = group_steps
         while step < plan.steps:
             starts.append(step)
             step += size

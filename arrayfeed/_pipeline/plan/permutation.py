@@ -186,7 +186,41 @@ def _decrypt(x: UInt64s, out: UInt64s, a: int, b: int, keys: Keys, words: Words)
     np.bitwise_or(out, right, out=out)
 
 
+def _mix_int(x: int) -> int:
+    """:func:`_mix_into` of one value, on a Python int."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _encrypt_int(x: int, a: int, b: int, keys: Keys) -> int:
+    """:func:`_encrypt` of one value, on Python ints."""
+    left, right, wl, wr = x >> b, x & ((1 << b) - 1), a, b
+    for k in keys:
+        left ^= _mix_int(right ^ int(k)) & ((1 << wl) - 1)
+        left, right, wl, wr = right, left, wr, wl
+    return (left << wr) | right
+
+
+def _decrypt_int(x: int, a: int, b: int, keys: Keys) -> int:
+    """:func:`_decrypt` of one value, on Python ints."""
+    left, right, wl, wr = x >> b, x & ((1 << b) - 1), a, b
+    for k in reversed(keys):
+        right ^= _mix_int(left ^ int(k)) & ((1 << wr) - 1)
+        left, right, wl, wr = right, left, wr, wl
+    return (left << wr) | right
+
+
 Step = Callable[[UInt64s, UInt64s, int, int, Keys, Words], None]
+StepInt = Callable[[int, int, int, Keys], int]
+_ON_INTS: dict[Step, StepInt] = {_encrypt: _encrypt_int, _decrypt: _decrypt_int}
+#: Images still outside ``range(n)`` that cycle walking finishes one by one on Python ints: a
+#: pass over a few positions costs as many NumPy calls (about 60) as one over many, and the last
+#: few of a batch's positions can need a dozen passes (a step leaves more than a third outside
+#: when ``n`` is just above a power of two), where walking them alone takes microseconds each.
+SCALAR_TAIL = 32
 
 
 def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
@@ -194,6 +228,7 @@ def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
     a, b = _widths(n)
     keys = _round_keys(key & _MASK64)
     limit = np.uint64(n)
+    one = _ON_INTS[step]
     # Values lie in [0, n), n < 2**62, so the int64 arrays are read and written as uint64.
     src, dst = x.view(np.uint64), out.view(np.uint64)
     with _scratch(min(len(x), CHUNK)) as scratch:
@@ -202,11 +237,16 @@ def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
             step(src[i : i + CHUNK], images, a, b, keys, scratch.words)
             outside = scratch.flags[: len(images)]
             np.greater_equal(images, limit, out=outside)
-            while outside.any():  # fewer than half of them, fewer each pass
-                again = images[outside]
+            while (left := int(np.count_nonzero(outside))) > SCALAR_TAIL:
+                again = images[outside]  # fewer than half of them, fewer each pass
                 step(again, again, a, b, keys, scratch.words)
                 images[outside] = again
                 np.greater_equal(images, limit, out=outside)
+            for j in np.flatnonzero(outside).tolist() if left else ():
+                image = int(images[j])
+                while image >= n:
+                    image = one(image, a, b, keys)
+                images[j] = image
 
 
 @functools.lru_cache(maxsize=8)

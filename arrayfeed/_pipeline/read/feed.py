@@ -157,6 +157,7 @@ class Feed:
         self._lock = threading.Lock()
         renew_after_fork(self, "_lock")
         self._next = (0, 0)  # where the next call starts (:meth:`seek` moves it)
+        self._ramp = True  # whether the next pass started ramps (see :meth:`ramps`)
         #: The pass over the next epoch that a short pass read ahead (:func:`~.readers.read_pass`).
         self.ahead = PassAhead()
         #: The seed was drawn at random (``seed=None``): a restarted process cannot repeat it.
@@ -324,7 +325,7 @@ class Feed:
         storage through a :class:`WindowCache` holding the windows that groups in flight draw
         from."""
         plan = self.plan
-        if not plan.mode.reads_windows:
+        if not plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
             return self.readable
         order = plan.block_order(epoch)
         return [
@@ -368,9 +369,17 @@ class Feed:
         position = check_position(self.plan.steps, epoch, step)
         with self._lock:
             self._next = position
+            self._ramp = True
         self.ahead.drop_unless(*position)  # (read ahead for another position)
         if self._remote is not None and self._remote.pid == os.getpid():
             self._remote.drop_ahead_unless(*position)
+
+    def ramps(self) -> bool:
+        """Whether the pass starting now splits its first group (``ramp_sizes``): the feed's
+        first and the first after :meth:`seek`, whose first batch the consumer waits for."""
+        with self._lock:
+            ramp, self._ramp = self._ramp, False
+        return ramp and self.group_steps > 1
 
     @property
     def next_position(self) -> tuple[int, int]:
@@ -395,17 +404,6 @@ class Feed:
         self.pool = self._new_pool()
         self._window_pool = self._new_window_pool()
         self._remote = self._new_remote()
-
-    def groups(self, start_step: int = 0) -> list[tuple[int, int]]:
-        """``(first_step, stop_step)`` of each group; a short last batch is a group of its own."""
-        plan = self.plan
-        full = plan.rows_per_epoch // plan.batch_size
-        bounds = [
-            (s, min(s + self.group_steps, full)) for s in range(start_step, full, self.group_steps)
-        ]
-        if plan.steps > full and start_step <= full:
-            bounds.append((full, full + 1))
-        return bounds
 
     def group_owner(self, epoch: int) -> Callable[[int], int]:
         """A key of each group of ``epoch`` (by its first step) for dealing groups out among

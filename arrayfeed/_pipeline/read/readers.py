@@ -33,7 +33,7 @@ import numpy as np
 
 from ..._forks import renew_after_fork
 from ..._storage import Source
-from ..plan.indexblocks import EpochIndices
+from ..plan.indexblocks import EpochIndices, groups
 from ..plan.plan import Plan
 from ..tune.tuning import Tuner
 from .blocks import WindowCache
@@ -201,7 +201,7 @@ class PassFeed(Protocol):
 
     def readers(self, epoch: int) -> list[Source]: ...
 
-    def groups(self, start_step: int = 0) -> list[tuple[int, int]]: ...
+    def ramps(self) -> bool: ...
 
     def read_group(
         self,
@@ -218,18 +218,24 @@ class EpochPass:
     """One pass over ``epoch`` from ``start_step`` on: groups read by reader threads (its own, or
     those of the pass it follows), each into memory of the caller's choice, with the feed's
     reading ahead (the next block of indices, the next window of a block shuffle). Groups are
-    submitted in order; :meth:`fill` submits them in turn into :attr:`pending`."""
+    submitted in order; :meth:`fill` submits them in turn into :attr:`pending`. With ``ramp``,
+    its first group is split into smaller ones (:func:`~..plan.indexblocks.ramp_sizes`)."""
 
     def __init__(
-        self, feed: PassFeed, epoch: int, start_step: int = 0, threads: ReaderThreads | None = None
+        self,
+        feed: PassFeed,
+        epoch: int,
+        start_step: int = 0,
+        threads: ReaderThreads | None = None,
+        ramp: bool = False,
     ) -> None:
         # Weakly: a pass read ahead is held by its feed (Feed.ahead), which must still be freed
         # when its dataset is dropped; while a pass is read, its reader holds the feed.
         self._feed = weakref.ref(feed)
-        self.epoch, self.start_step = epoch, start_step
+        self.epoch, self.start_step, self.ramp = epoch, start_step, ramp
         self.readers = feed.readers(epoch)
         self.indices = EpochIndices(
-            feed.plan, epoch, start_step, feed.group_steps, feed.index_allocator
+            feed.plan, epoch, start_step, feed.group_steps, feed.index_allocator, ramp
         )
         self._caches = [r for r in self.readers if isinstance(r, WindowCache)]
         self._warmed: set[int] = set()
@@ -258,7 +264,8 @@ class EpochPass:
 
     def plan(self) -> EpochPass:
         """Make :attr:`todo` every group of the pass (for :meth:`fill`); returns the pass."""
-        self.todo.extend(self.feed.groups(self.start_step))
+        feed = self.feed
+        self.todo.extend(groups(feed.plan, self.start_step, feed.group_steps, self.ramp))
         return self
 
     @property
@@ -370,7 +377,7 @@ def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any,
     reading = feed.ahead.take(epoch, start_step)
     if reading is None:
         tuner.pass_started()
-        reading = EpochPass(feed, epoch, start_step).plan()
+        reading = EpochPass(feed, epoch, start_step, ramp=feed.ramps()).plan()
     else:
         tuner.pass_started(carried=len(reading.pending), whole=not reading.todo)
     began, after, kept = time.perf_counter(), None, None
