@@ -333,8 +333,8 @@ def _warn(entry: importlib.metadata.EntryPoint, what: str, fix: str) -> None:
     package = f" of the package {entry.dist.name}" if entry.dist is not None else ""
     warnings.warn(
         f"The storage backend entry point {entry.name!r} ({entry.value}){package} in the group "
-        f"{ENTRY_POINTS!r} {what}; every other format still opens. {fix}, or uninstall the package if its "
-        "format is not needed.",
+        f"{ENTRY_POINTS!r} {what}; every other format still opens. {fix}, or uninstall the "
+        "package if its format is not needed.",
         PluginWarning,
         stacklevel=1,  # raised wherever formats are first listed: no caller to point at
     )

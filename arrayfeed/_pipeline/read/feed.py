@@ -229,11 +229,16 @@ class Feed:
         )
 
     @property
+    def _reads_windows(self) -> bool:
+        """Whether passes read chunked leaves through windows (``shuffle="block"``)."""
+        return self.plan.mode.reads_windows and any(map(chunked_rows, self.readable))
+
+    @property
     def _groups_decoded_ahead(self) -> int:
         """Groups in the window of a block shuffle that is decoded ahead (see
         :meth:`~.readers.EpochPass.submit`): after the tuner moves, they still come at the speed
         of the setting before, so the windows measured just after a move are not counted."""
-        if not self.plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
+        if not self._reads_windows:
             return 0
         window = min(self.plan.window_rows, self.plan.rows_per_epoch)
         return -(-window // (self.group_steps * self.plan.batch_size))
@@ -321,13 +326,11 @@ class Feed:
 
     def readers(self, epoch: int) -> list[Source]:
         """What ``epoch`` reads each leaf through: small chunked leaves from memory
-        (:mod:`.resident`); in a shuffle mode that reads windows (``"block"``), other chunked
-        storage through a :class:`WindowCache` holding the windows that groups in flight draw
-        from."""
-        plan = self.plan
-        if not plan.mode.reads_windows or not any(map(chunked_rows, self.readable)):
+        (:mod:`.resident`); with ``shuffle="block"``, other chunked storage through a
+        :class:`WindowCache` of the windows that groups in flight draw from."""
+        if not self._reads_windows:
             return self.readable
-        order = plan.block_order(epoch)
+        order = self.plan.block_order(epoch)
         return [
             WindowCache(s, order, self._cache_windows, self._window_pool) if chunked_rows(s) else s
             for s in self.readable
