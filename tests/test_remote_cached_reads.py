@@ -91,6 +91,9 @@ def test_a_new_process_finds_what_an_earlier_one_cached(
     _, url = stores
     cache = tmp_path / "cache"
     first = _epoch(_feed(af.open_array(f"{url}:x", cache=cache, cache_limit=LIMIT)))
+    # This process writes its counts at most half a second late: written now, they cannot land
+    # inside the new process's own reads (its start can take less than that).
+    _report(cache)
     code = (
         "import json, sys, numpy as np, arrayfeed as af\n"
         "before = af.cache_report(sys.argv[2], cache_limit=1 << 30)\n"
