@@ -27,10 +27,12 @@ same way either way, and the comparison is of the plans.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 
 import arrayfeed as af
-from arrayfeed._pipeline.plan import permutation
+from arrayfeed._pipeline.plan import elastic, permutation
 from arrayfeed._pipeline.plan.elastic import Segment
 from arrayfeed._pipeline.plan.plan import Plan
 from arrayfeed._pipeline.tune.machine import usable_cores
@@ -54,14 +56,27 @@ def saved_state(x: Any, shuffle: Any, workers: int) -> dict[str, Any]:
 
 
 def cold_plans() -> None:
-    """Forget the permutations planning keeps for reuse (the last few keys): the runs are
+    """Forget what planning keeps for reuse (the last few permutations and rests): the runs are
     interleaved, and a fresh start would otherwise find its own from the run before, where a
     restarted job (a fresh start or a resume alike) finds none."""
     permutation._exact.cache_clear()
     permutation._round_keys.cache_clear()
+    elastic._remaining.cache_clear()
+
+
+def quiet() -> None:
+    """Wait until the reader threads of the datasets dropped before have ended: a restarted job
+    has none, and the one before would take the interpreter from the one timed."""
+    gc.collect()
+    deadline = time.perf_counter() + 2.0
+    while any(t.name.startswith("arrayfeed-read") for t in threading.enumerate()):
+        if time.perf_counter() > deadline:
+            raise RuntimeError("the reader threads of a dropped dataset did not end in 2 s")
+        time.sleep(0.001)
 
 
 def first_batch(x: Any, shuffle: Any, shard: af.Shard, **start: Any) -> float:
+    quiet()
     cold_plans()
     began = time.perf_counter()
     b = af.batches(x, shuffle=shuffle, shard=shard, **OPTIONS, **start)

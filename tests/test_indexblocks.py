@@ -309,7 +309,8 @@ def test_a_start_or_a_resume_waits_for_one_batchs_indices_later_epochs_take_whol
 ) -> None:
     """The first pass of a dataset, and the first after a resume on another number of workers,
     compute one batch's indices before the first batch (a shuffle of millions of rows costs
-    one batch, not a group of thousands); later passes read whole groups."""
+    one batch, not a group of thousands), and nothing else: work ahead of it would take the
+    interpreter from it; later passes read whole groups."""
     x = np.arange(400_000, dtype=np.int64)
     computed: list[tuple[int, int, int]] = []
     original = Plan.indices
@@ -324,7 +325,7 @@ def test_a_start_or_a_resume_waits_for_one_batchs_indices_later_epochs_take_whol
     group = old._feed.group_steps
     assert group >= 64  # small rows: large groups
     first = next(iter(old))
-    assert computed[0] == (0, 0, 1)
+    assert computed == [(0, 0, 1)]  # nothing planned or read ahead of the first batch
     np.testing.assert_array_equal(first, x[old._feed.plan.indices(0, 0, 1)])
     computed.clear()
     list(old)  # a later pass: whole groups
@@ -334,5 +335,5 @@ def test_a_start_or_a_resume_waits_for_one_batchs_indices_later_epochs_take_whol
     computed.clear()
     epoch, step = new._feed.next_position
     resumed = next(iter(new))
-    assert computed[0] == (epoch, step, step + 1)
+    assert computed == [(epoch, step, step + 1)]
     np.testing.assert_array_equal(resumed, x[new._feed.plan.indices(epoch, step, step + 1)])

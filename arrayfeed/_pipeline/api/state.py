@@ -78,7 +78,7 @@ def encode(feed: Feed, epoch: int, step: int) -> dict[str, Any]:
 
 
 def _field(state: Mapping[str, Any], name: str, kind: type) -> Any:
-    if not isinstance(state, Mapping):
+    if type(state) is not dict and not isinstance(state, Mapping):  # (a dict: no ABC check)
         raise ResumeError(
             f"`resume` must be a state (a dict) saved by `Batches.state()` or "
             f"`arrayfeed.state()` (got {type(state).__name__})."

@@ -34,6 +34,8 @@ memory never grows with the rows.
 from __future__ import annotations
 
 import bisect
+import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -147,6 +149,13 @@ def remaining(n_rows: int, segments: Sequence[Segment]) -> list[Interval]:
     ...           batch_size=2, steps=1)])  # one worker took 2 of those 8
     [(8, 10), (16, 20)]
     """
+    return list(_remaining(n_rows, tuple(segments)))
+
+
+@functools.lru_cache(maxsize=16)
+def _remaining(n_rows: int, segments: tuple[Segment, ...]) -> tuple[Interval, ...]:
+    """:func:`remaining`, kept for the last few histories (a resume asks twice: its deal, and
+    where its rest begins)."""
     base = segments[0]
     _check_sharding(base, n_rows)
     rows = n_rows // base.workers
@@ -162,7 +171,7 @@ def remaining(n_rows: int, segments: Sequence[Segment]) -> list[Interval]:
         _check(seg, n_rows, -(-each // seg.batch_size), f"resumed sharding {i}")
         taken = min(seg.steps * seg.batch_size, each)
         rest = [p for m in range(seg.workers) for p in _cut(rest, m * each + taken, (m + 1) * each)]
-    return _joined(rest, used)
+    return tuple(_joined(rest, used))
 
 
 def _joined(pieces: list[Interval], used: int) -> list[Interval]:
@@ -192,26 +201,26 @@ class Rest:
     pieces: tuple[Interval, ...]
     #: Where each piece begins among the rest's positions.
     starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    #: Positions of the rest this worker takes.
+    rows: int = field(init=False, repr=False, compare=False)
+    #: Positions each base worker's batches take.
+    used: int = field(init=False, repr=False, compare=False)
+    #: The base workers' spans made so far (every fill asks for one: made once each).
+    _spans: dict[int, Span] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         lengths = [b - a for a, b in self.pieces]
-        object.__setattr__(self, "starts", tuple(np.cumsum([0, *lengths[:-1]]).tolist()))
+        object.__setattr__(self, "starts", (0, *itertools.accumulate(lengths[:-1])))
+        object.__setattr__(self, "rows", sum(lengths))
+        base = self.base
+        used = used_positions(self.n_rows // base.workers, base.batch_size, base.drop_remainder)
+        object.__setattr__(self, "used", used)
+        object.__setattr__(self, "_spans", {})
 
     @property
     def base(self) -> Segment:
         """The sharding that began the epoch."""
         return self.segments[0]
-
-    @property
-    def used(self) -> int:
-        """Positions each base worker's batches take."""
-        base = self.base
-        return used_positions(self.n_rows // base.workers, base.batch_size, base.drop_remainder)
-
-    @property
-    def rows(self) -> int:
-        """Positions of the rest this worker takes."""
-        return sum(b - a for a, b in self.pieces)
 
     @property
     def offset(self) -> int:
@@ -220,10 +229,13 @@ class Rest:
 
     def span(self, worker: int) -> Span:
         """The span of base worker ``worker``, whose order its positions follow."""
-        base = self.base
-        start, stop = shard_bounds(self.n_rows, Shard(base.workers, worker))
-        layout = (base.block_rows, base.window_blocks)
-        return Span(start, stop, self.seed, worker, base.workers, *layout)
+        span = self._spans.get(worker)
+        if span is None:
+            base = self.base
+            start, stop = shard_bounds(self.n_rows, Shard(base.workers, worker))
+            layout = (base.block_rows, base.window_blocks)
+            span = self._spans[worker] = Span(start, stop, self.seed, worker, base.workers, *layout)
+        return span
 
     @property
     def bounds(self) -> tuple[int, int]:

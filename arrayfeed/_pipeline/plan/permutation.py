@@ -186,35 +186,33 @@ def _decrypt(x: UInt64s, out: UInt64s, a: int, b: int, keys: Keys, words: Words)
     np.bitwise_or(out, right, out=out)
 
 
-def _mix_int(x: int) -> int:
-    """:func:`_mix_into` of one value, on a Python int."""
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _encrypt_int(x: int, a: int, b: int, keys: Keys) -> int:
-    """:func:`_encrypt` of one value, on Python ints."""
+def _encrypt_int(x: int, a: int, b: int, keys: tuple[int, ...]) -> int:
+    """:func:`_encrypt` of one value, on Python ints (``keys`` as ints)."""
     left, right, wl, wr = x >> b, x & ((1 << b) - 1), a, b
     for k in keys:
-        left ^= _mix_int(right ^ int(k)) & ((1 << wl) - 1)
+        # _mix_into's finaliser on one value, inlined (a few dozen calls per batch).
+        f = right ^ k
+        f = ((f ^ (f >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        f = ((f ^ (f >> 27)) * 0x94D049BB133111EB) & _MASK64
+        left ^= (f ^ (f >> 31)) & ((1 << wl) - 1)
         left, right, wl, wr = right, left, wr, wl
     return (left << wr) | right
 
 
-def _decrypt_int(x: int, a: int, b: int, keys: Keys) -> int:
-    """:func:`_decrypt` of one value, on Python ints."""
+def _decrypt_int(x: int, a: int, b: int, keys: tuple[int, ...]) -> int:
+    """:func:`_decrypt` of one value, on Python ints (``keys`` as ints)."""
     left, right, wl, wr = x >> b, x & ((1 << b) - 1), a, b
     for k in reversed(keys):
-        right ^= _mix_int(left ^ int(k)) & ((1 << wr) - 1)
+        f = left ^ k  # as in _encrypt_int
+        f = ((f ^ (f >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        f = ((f ^ (f >> 27)) * 0x94D049BB133111EB) & _MASK64
+        right ^= (f ^ (f >> 31)) & ((1 << wr) - 1)
         left, right, wl, wr = right, left, wr, wl
     return (left << wr) | right
 
 
 Step = Callable[[UInt64s, UInt64s, int, int, Keys, Words], None]
-StepInt = Callable[[int, int, int, Keys], int]
+StepInt = Callable[[int, int, int, tuple[int, ...]], int]
 _ON_INTS: dict[Step, StepInt] = {_encrypt: _encrypt_int, _decrypt: _decrypt_int}
 #: Images still outside ``range(n)`` that cycle walking finishes one by one on Python ints: a
 #: pass over a few positions costs as many NumPy calls (about 60) as one over many, and the last
@@ -244,11 +242,13 @@ def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
                 step(again, again, a, b, keys, scratch.words)
                 images[outside] = again
                 np.greater_equal(images, limit, out=outside)
-            for j in np.flatnonzero(outside).tolist() if left else ():
-                image = int(images[j])
-                while image >= n:
-                    image = one(image, a, b, keys)
-                images[j] = image
+            if left:
+                ints = tuple(map(int, keys))
+                for j in np.flatnonzero(outside).tolist():
+                    image = int(images[j])
+                    while image >= n:
+                        image = one(image, a, b, ints)
+                    images[j] = image
 
 
 @functools.lru_cache(maxsize=8)

@@ -29,8 +29,9 @@ plan's last steps (see :mod:`.elastic`); every other epoch is laid out as above.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -128,8 +129,15 @@ class Plan:
             index=self.shard.index,
         )
         if rest is None:
-            return replace(self, rest=None), (epoch + 1, 0)
-        return replace(self, rest=rest), (epoch, rest.first_step)
+            return self._with_rest(None), (epoch + 1, 0)
+        return self._with_rest(rest), (epoch, rest.first_step)
+
+    def _with_rest(self, rest: Rest | None) -> Plan:
+        """This plan with ``rest`` (checked by :func:`~.elastic.deal`; the rest of the plan was
+        checked when it was made, so it is copied, not made again)."""
+        plan = copy.copy(self)
+        object.__setattr__(plan, "rest", rest)
+        return plan
 
     def first_step(self, epoch: int) -> int:
         """The first step of ``epoch`` this worker takes: 0, or where the rest begins."""

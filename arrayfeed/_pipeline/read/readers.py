@@ -277,36 +277,43 @@ class EpochPass:
     def threads(self, value: int) -> None:
         self._pool.limit = value
 
-    def fill(self, room: int) -> None:
-        """Submit the next groups, in order, while fewer than ``room`` are pending."""
+    def fill(self, room: int, ahead: bool = True) -> None:
+        """Submit the next groups, in order, while fewer than ``room`` are pending (``ahead``:
+        with the work that prepares later groups, see :meth:`submit`)."""
         while self.todo and len(self.pending) < room:
             first, stop = self.todo.popleft()
-            self.pending.append((stop - first, self.submit(first, stop)))
+            self.pending.append((stop - first, self.submit(first, stop, ahead=ahead)))
 
     def follow(self) -> EpochPass:
         """The pass over the next epoch from its start, read by these threads: its groups may
         be submitted while this pass's last groups are still being taken."""
         return EpochPass(self.feed, self.epoch + 1, 0, self._pool).plan()
 
-    def submit(self, first: int, stop: int, out: Allocator | None = None) -> Future[Any]:
-        """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool)."""
+    def submit(
+        self, first: int, stop: int, out: Allocator | None = None, ahead: bool = True
+    ) -> Future[Any]:
+        """Read steps ``[first, stop)`` into ``out`` (default: the feed's pool); ``ahead``:
+        also compute the next index block when this group begins one, and read the next window
+        of a block shuffle (without: those are computed when their groups are read)."""
         feed = self.feed
         future = self._pool.submit(
             feed.read_group, self.epoch, first, stop, self.readers, self.indices, out
         )
+        if not ahead:
+            return future
         block = self.indices.block_of(first)
         if self.indices.starts[block] == first:  # compute the next block while this is read
             self._pool.submit(self.indices.prepare, block + 1)
         if self._caches:  # read the next window while groups are served from this one
             last = min(stop * feed.plan.batch_size, feed.plan.rows_per_epoch) - 1
-            ahead = self._caches[0].order.window_at(last) + self.stride
-            if ahead not in self._warmed:
-                self._warmed.add(ahead)
+            window = self._caches[0].order.window_at(last) + self.stride
+            if window not in self._warmed:
+                self._warmed.add(window)
                 # With one thread, decoding the next window would hold back this one's groups:
                 # it is only announced (object storage starts fetching it).
                 read = self.threads > 1
                 for cache in self._caches:
-                    self._pool.submit(cache.prefetch_window, ahead, read)
+                    self._pool.submit(cache.prefetch_window, window, read)
         return future
 
     def close(self) -> None:
@@ -382,10 +389,14 @@ def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any,
         tuner.pass_started(carried=len(reading.pending), whole=not reading.todo)
     began, after, kept = time.perf_counter(), None, None
     follow = True  # until the next epoch is read ahead, or cannot be
+    # A ramped pass (a start) reads its first group alone, nothing ahead of it: reads and
+    # planning ahead would take the interpreter from it and from the consumer waiting for it.
+    first = reading.ramp
     try:
         while reading.todo or reading.pending:
             reading.threads = threads = tuner.threads
-            reading.fill(threads + 1)
+            reading.fill(1 if first else threads + 1, ahead=not first)
+            first = False
             if follow and not reading.todo and reads_next(feed, epoch, began):
                 try:
                     after = reading.follow()
