@@ -26,9 +26,9 @@ CORES = (2, 16, 64)
 
 def settled_within(cores: int) -> int:
     """Windows within which every case settles (the first is not counted): doubling the
-    groups in flight from one, and the loaders to one per core, each trial of loaders three
-    windows."""
-    return 10 + 3 * math.ceil(math.log2(cores))
+    groups in flight from one, the setting before a doubling that did not pay measured again,
+    and the loaders to one per core, each trial of loaders three windows."""
+    return 11 + 3 * math.ceil(math.log2(cores))
 
 
 SETTLED_WITHIN = settled_within(max(CORES))
@@ -82,6 +82,18 @@ def test_settles_within_0_9_of_the_best_with_no_more_than_it_needs(
     loaders, in_flight = _least(s, 0.9)
     assert model.processes <= max(1, 2 * loaders), settings  # a tie goes to fewer loaders
     assert model.threads * model.processes <= max(4, 2.5 * in_flight), settings  # and threads
+
+
+@pytest.mark.parametrize("cores", CORES)
+def test_a_rate_that_dips_while_reads_do_not_queue_is_noise_not_the_storage(cores: int) -> None:
+    """Windows as noisy as a shared machine's (20 %): a doubling whose window came out slow,
+    its reads taking no longer, is measured again rather than taken for the storage's limit
+    (which left latency-bound reads at a few per cent of their rate in some runs)."""
+    s = _storages(cores)["latency"]
+    for seed in range(10):
+        model, settings = run(s, noise=0.2, windows=SETTLED_WITHIN + 10, seed=seed)
+        got = delivered(s, model.threads, model.processes)
+        assert got >= 0.9 * best(s), (seed, settings, got / best(s))
 
 
 @pytest.mark.parametrize(("cores", "name"), CASES)

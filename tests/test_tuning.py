@@ -213,7 +213,7 @@ def test_the_report_gives_the_setting_by_hand() -> None:
     tuner.pass_started()
     _read(tuner, clock, 8, latency=0.03, consumer=0.0)
     assert tuner.threads == 16 and tuner.report().bound is Bound.MEMORY  # (16: its cap)
-    _read(tuner, clock, 8, latency=0.03, consumer=0.01)
+    _read(tuner, clock, 12, latency=0.03, consumer=0.01)  # (a change shows over 3 windows)
     report = tuner.report()
     assert report.settled and report.bound is Bound.CONSUMER, report
     rate = report.rate / report.group_rows  # groups per second

@@ -12,10 +12,13 @@ stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their
    group outside its timed read, as a dask graph does, shows a shorter latency).
 2. A consumer that does not wait (``w < WAITED``) sets the rate: its own, ``X / (1 - w)``.
 3. A consumer that waits: in flight doubles while each doubling delivers ``GROWTH`` x more
-   (a step a budget cut short, half its growth); the best rate measured is the storage's, and
-   the fewest in flight measured that came within ``MARGIN`` of it are kept. (Formula 1 would
-   give fewer where reads queue: a storage or a CPU that saturates gradually delivers less
-   than Little's law over a read alone predicts, so in flight measured, not extrapolated.)
+   (a step a budget cut short, half its growth), or while reads do not queue (a read takes
+   under ``GROWTH`` x a read alone's latency: a slower window is noise, by Little's law). A
+   doubling that did not pay is checked against the setting before, measured again (A/B/A),
+   each setting's windows merged; the best rate measured is the storage's, and the fewest in
+   flight measured that came within ``MARGIN`` of it are kept. (Formula 1 would give fewer
+   where reads queue: a storage or a CPU that saturates gradually delivers less than Little's
+   law over a read alone predicts, so in flight measured, not extrapolated.)
 4. Budgets: the cores less the consumer's, over the cores a read in flight uses; the groups
    the read-ahead memory holds; ``threads`` per reader.
 5. One interpreter: reads that queue (``GROWTH`` x a read alone's latency) in a loader busy
@@ -23,14 +26,16 @@ stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their
    the loaders are tried if the budgets allow ``GAIN`` x the rate, and kept if they deliver it
    over ``TRIAL_WINDOWS`` windows (doubled again at once if they delivered ``PROPORTIONAL`` of
    their number's worth).
-6. A settled rate that moves ``DRIFT`` x, or a consumer that starts or stops waiting, two
-   windows in a row: measured again from one thread each.
+6. The rate of the last ``WATCH`` windows merged moving ``DRIFT`` x from that of the first
+   ``WATCH`` at the setting settled on, or a consumer that starts or stops waiting: measured
+   again from one thread each.
 
 Pure logic: no clock, no threads, no I/O.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import deque
@@ -47,6 +52,7 @@ GROWTH = 1.25
 INTERPRETER = 0.5  # a lock held half the time: each holder waits as long as it holds it
 GAIN, TRIAL_WINDOWS, PROPORTIONAL = 1.15, 3, 0.75
 DRIFT = 1.5
+WATCH = 3  # windows merged on each side of a drift (noise averages out)
 
 
 @dataclass(frozen=True)
@@ -71,14 +77,19 @@ class Model:
         self.last: Window | None = None
         self.history: deque[tuple[int, int]] = deque(maxlen=256)  # settings, for benchmarks
         self._floor: tuple[int, float] | None = None  # (fewest in flight, their occupancy)
+        self._alone = 0.0  # the read latency measured there
         self._best: Window | None = None
-        self._reached: dict[int, float] = {}  # in flight: the best rate measured there
+        self._reached: dict[int, float] = {}  # in flight: the rate measured there
+        self._at: dict[int, Window] = {}  # in flight: its windows, merged (noise averages out)
         self._last: Window | None = None  # the last window of the growth
+        # A window that did not pay, while the setting before is measured again.
+        self._again: Window | None = None
         self._back: tuple[int, int, float, Window, int, Bound, dict[str, float]] | None = None
         self._trial: list[Window] = []
         self._tried: set[int] = set()  # loader counts that did not pay
         self._reference: Window | None = None  # what the settled setting delivered
-        self._drifted = 0
+        self._references = 0  # windows merged in it
+        self._recent: deque[Window] = deque(maxlen=WATCH)
 
     def little(self, rate: float) -> int:
         latency = self._floor[1] if self._floor is not None else 0.0
@@ -140,13 +151,16 @@ class Model:
         self.windows, self.last = self.windows + 1, w
         if self.phase != "warm-up":  # (caches warm, threads start: not counted)
             if self._floor is None or w.in_flight < self._floor[0]:
-                self._floor = (w.in_flight, self._occupancy(w))
+                self._floor, self._alone = (w.in_flight, self._occupancy(w)), w.latency
             elif w.in_flight == self._floor[0]:
                 self._floor = (w.in_flight, min(self._floor[1], self._occupancy(w)))
-            if self._best is None or w.rate > self._best.rate:
-                self._best = w
+                self._alone = min(self._alone, w.latency)
             if self.phase in ("grow", "trial"):
-                self._reached[w.in_flight] = max(w.rate, self._reached.get(w.in_flight, 0.0))
+                seen = self._at.get(w.in_flight)
+                at = self._at[w.in_flight] = w if seen is None else seen.merged(w)
+                self._reached[w.in_flight] = at.rate
+                if self._best is None or at.rate > self._best.rate:
+                    self._best = at
         {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(
             self.phase, self._decide
         )(w)
@@ -156,6 +170,7 @@ class Model:
         self.phase = "grow"
 
     def _decide(self, w: Window) -> None:
+        again, self._again = self._again, None
         if self.phase == "lower":  # fewer for the consumer: kept unless it now waits
             if w.wait_share >= WAITED and self._back is not None:
                 self._move(self._back[0] * max(1, self._back[1]))
@@ -168,10 +183,20 @@ class Model:
             self._back = (self.threads, self.processes, 0.0, w, 0, Bound.CONSUMER, {})
             self.phase = "lower"
             return self._move(need)
-        last, self._last = self._last, w
+        last = self._last
+        if again is not None:  # the setting before, measured again: its windows and ``again``'s
+            w, last = again, self._at.get(last.in_flight, last) if last is not None else None
         most, bound = self.budgets(w)
         pays = GROWTH if last is None else min(GROWTH, 1 + (w.in_flight / last.in_flight - 1) / 2)
-        saturated = last is not None and w.rate < last.rate * pays
+        # Reads that saturate something queue: their latency grows (Little's law). A rate
+        # that did not grow while they did not queue is noise: more in flight are tried.
+        queued = w.latency >= GROWTH * self._alone
+        saturated = last is not None and w.rate < last.rate * pays and queued
+        if saturated and again is None and last is not None:
+            # One window of each can be noise: the setting before is measured again (A/B/A).
+            self._again, self.threads, self.processes = w, last.threads, last.processes
+            return None
+        self._last = w
         if not saturated and most > w.in_flight:
             return self._double(w, most)
         best = self._best or w
@@ -179,7 +204,7 @@ class Model:
             most, bound = min(most, self.reaching(best.rate)), Bound.LATENCY
         self.inputs = self._inputs(best, best.rate, most)
         if self.interpreter_bound(w):  # (the window with the most threads waiting)
-            rate = statistics.mean([w.rate, last.rate]) if saturated and last else w.rate
+            rate = best.rate  # (what the reads delivered at best: more loaders must beat it)
             if self._loaders_pay(w, rate):
                 return self._try_loaders(w, rate, most, bound)
             bound = Bound.INTERPRETER
@@ -216,6 +241,7 @@ class Model:
         self.phase, self._last = "grow", max(self._trial, key=lambda t: t.rate)
         self._best = last = self._last
         self._reached = {last.in_flight: rate}  # (measured with fewer loaders before)
+        self._at = {}
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
         room = self._cpu_budget(last) - last.cores(last.reader_cpu) >= 1 - INTERPRETER
         if scaled and room and self._loaders_pay(last, rate):  # interpreters still bind
@@ -224,16 +250,20 @@ class Model:
 
     def _watch(self, w: Window) -> None:
         ref = self._reference
-        if ref is None:
-            self._reference = w
+        if ref is None or self._references < WATCH:
+            self._reference = w if ref is None else ref.merged(w)
+            self._references += 1
             return
-        moved = not ref.rate / DRIFT <= w.rate <= ref.rate * DRIFT
-        waits = (w.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
-        self._drifted = self._drifted + 1 if moved or waits else 0
-        if self._drifted >= 2:  # something changed: measure again, a read alone first
-            self.phase, self.bound, self._drifted, self.threads = "grow", Bound.MEASURING, 0, 1
+        self._recent.append(w)
+        if len(self._recent) < WATCH:
+            return
+        now = functools.reduce(Window.merged, self._recent)
+        moved = not ref.rate / DRIFT <= now.rate <= ref.rate * DRIFT
+        waits = (now.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
+        if moved or waits:  # something changed: measure again, a read alone first
+            self.phase, self.bound, self.threads = "grow", Bound.MEASURING, 1
             self._floor, self._best, self._last, self._tried = None, None, None, set()
-            self._reached = {}
+            self._again, self._reached, self._at = None, {}, {}
 
     def _move(self, in_flight: int) -> None:
         self.threads = max(1, min(self.limits.threads, -(-in_flight // max(1, self.processes))))
@@ -243,6 +273,7 @@ class Model:
         # the next window (a move from the best measured to fewer would read as a drift).
         same = (w.threads, w.processes) == (self.threads, self.processes)
         self.phase, self.bound, self._reference = "settled", bound, w if same else None
+        self._references, self._recent = int(same), deque(maxlen=WATCH)
         self.settled_after = self.windows
 
     def _inputs(self, w: Window, rate: float, little: int) -> dict[str, float]:

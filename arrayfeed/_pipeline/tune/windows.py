@@ -67,6 +67,21 @@ class Window:
     def cores(self, cpu: float) -> float:
         return cpu / self.seconds
 
+    def merged(self, other: Window) -> Window:
+        """This window and ``other`` (at the same setting) as one."""
+        return Window(
+            threads=self.threads,
+            processes=self.processes,
+            seconds=self.seconds + other.seconds,
+            groups=self.groups + other.groups,
+            rows=self.rows + other.rows,
+            waited=self.waited + other.waited,
+            latency=(self.latency + other.latency) / 2,
+            reader_cpu=self.reader_cpu + other.reader_cpu,
+            interpreter_cpu=self.interpreter_cpu + other.interpreter_cpu,
+            consumer_cpu=self.consumer_cpu + other.consumer_cpu,
+        )
+
 
 class Meter:
     """Windows for ``observe`` (given each, it returns the groups in flight to leave out when

@@ -1,0 +1,60 @@
+"""The tuner's model on the simulated machines of ``tests/_machines.py``, with windows as noisy
+as a shared machine's: how often a case ends badly, over ``--seeds`` runs of each case (2, 16
+and 64 cores, the storages of ``tests/test_tune_model.py``) at each noise level (the standard
+deviation of a window's log rate and log latency). Pure simulation: no clock, seconds to run.
+
+- ``settle``: not settled within the windows the tests allow (plus one);
+- ``best``: settled below 0.9 of the best any setting delivers;
+- ``loaders``, ``threads``: more than twice the loaders, or 2.5 x the groups in flight, that
+  the fewest reaching 0.9 of the best need.
+
+    python benchmarks/bench_tune_noise.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests._machines import best, delivered, run
+from tests.test_tune_model import CORES, SETTLED_WITHIN, _least, _storages, settled_within
+
+
+def study(noise: float, seeds: int) -> dict[str, int]:
+    bad = {"runs": 0, "settle": 0, "best": 0, "loaders": 0, "threads": 0}
+    for cores in CORES:
+        for s in _storages(cores).values():
+            loaders, in_flight = _least(s, 0.9)
+            for seed in range(1, seeds + 1):
+                m, _ = run(s, noise=noise, windows=SETTLED_WITHIN + 10, seed=seed)
+                bad["runs"] += 1
+                bad["settle"] += not (
+                    m.phase == "settled" and m.settled_after <= settled_within(cores) + 1
+                )
+                bad["best"] += delivered(s, m.threads, m.processes) < 0.9 * best(s)
+                bad["loaders"] += m.processes > max(1, 2 * loaders)
+                bad["threads"] += m.threads * m.processes > max(4, 2.5 * in_flight)
+    return bad
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    args = parser.parse_args()
+    print(
+        "| noise | runs | not settled | below 0.9 of best | too many loaders | too many threads |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    for noise in (0.1, 0.2, 0.3):
+        b = study(noise, args.seeds)
+        print(
+            f"| {noise} | {b['runs']} | {b['settle']} | {b['best']} | {b['loaders']} "
+            f"| {b['threads']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
