@@ -122,6 +122,26 @@ def test_nothing_is_counted_while_loaders_start() -> None:
     assert len(seen) == 1 and seen[0].groups == 30
 
 
+def test_measuring_goes_on_when_the_model_takes_loaders_away() -> None:
+    """Loaders added are waited for (they start); fewer loaders read at once, from the next
+    window on: nothing tells the tuner they are ready, so measuring must not wait for it."""
+    clock = Clock()
+    tuner = _tuner(clock, processes=2, most_processes=2)
+    seen = _windows(tuner)
+    observe = tuner.model.observe
+
+    def fewer(w: Window) -> None:
+        observe(w)
+        tuner.model.processes = 1
+
+    tuner.model.observe = fewer  # type: ignore[method-assign]
+    tuner.pass_started()
+    _deliver(tuner, clock, 31, 0.01, waited=0.01)  # the warm-up window: one loader left
+    assert len(seen) == 1 and tuner.processes == 1 and not tuner.starting
+    _deliver(tuner, clock, 2 * 3 + 1 + 30, 0.01, waited=0.01)
+    assert len(seen) == 2  # measured on, without a processes_ready
+
+
 def test_the_cpu_of_each_reader_and_of_the_consumer() -> None:
     """Loaders say what they used; the busiest is the interpreter that may bind; the consumer
     is this process, less its own reader threads."""

@@ -391,12 +391,12 @@ def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any,
     follow = True  # until the next epoch is read ahead, or cannot be
     # A ramped pass (a start) reads its first group alone, nothing ahead of it: reads and
     # planning ahead would take the interpreter from it and from the consumer waiting for it.
-    first = reading.ramp
+    # The rest is asked for as soon as it is read, before it is handed over.
+    alone = reading.ramp
     try:
         while reading.todo or reading.pending:
             reading.threads = threads = tuner.threads
-            reading.fill(1 if first else threads + 1, ahead=not first)
-            first = False
+            reading.fill(1 if alone else threads + 1, ahead=not alone)
             if follow and not reading.todo and reads_next(feed, epoch, began):
                 try:
                     after = reading.follow()
@@ -411,6 +411,9 @@ def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any,
             steps, future = reading.pending.popleft()
             asked = time.perf_counter()
             group = future.result()
+            if alone:
+                reading.fill(threads + 1)
+                alone = False
             seconds = getattr(future, "seconds", None)
             tuner.delivered(steps * batch, waited=time.perf_counter() - asked, seconds=seconds)
             yield group

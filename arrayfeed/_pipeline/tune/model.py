@@ -35,7 +35,6 @@ Pure logic: no clock, no threads, no I/O.
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections import deque
@@ -159,8 +158,7 @@ class Model:
                 seen = self._at.get(w.in_flight)
                 at = self._at[w.in_flight] = w if seen is None else seen.merged(w)
                 self._reached[w.in_flight] = at.rate
-                if self._best is None or at.rate > self._best.rate:
-                    self._best = at
+                self._best = max(self._at.values(), key=lambda m: m.rate)
         {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(
             self.phase, self._decide
         )(w)
@@ -190,7 +188,7 @@ class Model:
         pays = GROWTH if last is None else min(GROWTH, 1 + (w.in_flight / last.in_flight - 1) / 2)
         # Reads that saturate something queue: their latency grows (Little's law). A rate
         # that did not grow while they did not queue is noise: more in flight are tried.
-        queued = w.latency >= GROWTH * self._alone
+        queued = w.latency <= 0 or w.latency >= GROWTH * self._alone  # (0: not measured)
         saturated = last is not None and w.rate < last.rate * pays and queued
         if saturated and again is None and last is not None:
             # One window of each can be noise: the setting before is measured again (A/B/A).
@@ -202,6 +200,8 @@ class Model:
         best = self._best or w
         if saturated:
             most, bound = min(most, self.reaching(best.rate)), Bound.LATENCY
+            if self.processes:  # a doubling that added loaders did not pay: they go
+                most = min(most, self.limits.threads * self.processes)
         self.inputs = self._inputs(best, best.rate, most)
         if self.interpreter_bound(w):  # (the window with the most threads waiting)
             rate = best.rate  # (what the reads delivered at best: more loaders must beat it)
@@ -214,9 +214,13 @@ class Model:
     def _double(self, w: Window, most: int) -> None:
         target = min(2 * w.in_flight, most)
         self.inputs = self._inputs(w, w.rate, target)
+        self._fit(target)
+
+    def _fit(self, in_flight: int) -> None:
+        """``in_flight`` with the loaders whose threads can hold them."""
         if self.processes:  # readers of more threads than they may hold: more loaders
-            self.processes = max(self.processes, -(-target // self.limits.threads))
-        self._move(target)
+            self.processes = max(self.processes, -(-in_flight // self.limits.threads))
+        self._move(in_flight)
 
     def _try_loaders(self, w: Window, rate: float, in_flight: int, bound: Bound) -> None:
         """Twice the loaders, with the in flight twice the rate needs; else ``in_flight``."""
@@ -238,10 +242,12 @@ class Model:
             self.processes, self.inputs = processes, inputs
             self._move(in_flight)
             return self._settle(bound, window)
-        self.phase, self._last = "grow", max(self._trial, key=lambda t: t.rate)
-        self._best = last = self._last
+        last = self._trial[0]
+        for later in self._trial[1:]:
+            last = last.merged(later)
+        self.phase, self._last, self._best = "grow", last, last
         self._reached = {last.in_flight: rate}  # (measured with fewer loaders before)
-        self._at = {}
+        self._at = {last.in_flight: last}
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
         room = self._cpu_budget(last) - last.cores(last.reader_cpu) >= 1 - INTERPRETER
         if scaled and room and self._loaders_pay(last, rate):  # interpreters still bind
@@ -257,7 +263,9 @@ class Model:
         self._recent.append(w)
         if len(self._recent) < WATCH:
             return
-        now = functools.reduce(Window.merged, self._recent)
+        now = self._recent[0]
+        for later in list(self._recent)[1:]:
+            now = now.merged(later)
         moved = not ref.rate / DRIFT <= now.rate <= ref.rate * DRIFT
         waits = (now.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
         if moved or waits:  # something changed: measure again, a read alone first

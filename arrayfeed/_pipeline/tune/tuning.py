@@ -106,7 +106,8 @@ class Tuner:
         if (model.threads, model.processes) == here:
             return 0, False
         # What is in flight was asked for at the old setting (and a window decoded ahead).
-        return (here[0] + 1) * max(1, here[1]) + self.ahead, model.processes != here[1]
+        # Measuring waits for loaders added to read (``processes_ready``); fewer read at once.
+        return (here[0] + 1) * max(1, here[1]) + self.ahead, model.processes > here[1]
 
     def report(self) -> Tuning:
         with self.meter.lock:

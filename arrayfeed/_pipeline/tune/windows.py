@@ -76,7 +76,8 @@ class Window:
             groups=self.groups + other.groups,
             rows=self.rows + other.rows,
             waited=self.waited + other.waited,
-            latency=(self.latency + other.latency) / 2,
+            latency=(self.latency * self.groups + other.latency * other.groups)
+            / max(1, self.groups + other.groups),
             reader_cpu=self.reader_cpu + other.reader_cpu,
             interpreter_cpu=self.interpreter_cpu + other.interpreter_cpu,
             consumer_cpu=self.consumer_cpu + other.consumer_cpu,
