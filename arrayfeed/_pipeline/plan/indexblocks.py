@@ -30,7 +30,7 @@ import numpy.typing as npt
 from .permutation import CHUNK
 from .plan import Plan
 
-__all__ = ["BLOCK_POSITIONS", "EpochIndices", "groups", "ramp_sizes"]
+__all__ = ["BLOCK_POSITIONS", "EpochIndices", "groups", "ramp_sizes", "ramp_starts"]
 
 #: Most positions whose indices are computed at once: one pass of the permutation's work buffers.
 BLOCK_POSITIONS = CHUNK
@@ -51,6 +51,23 @@ def ramp_sizes(group_steps: int) -> list[int]:
     return sizes
 
 
+def ramp_starts(start_step: int, group_steps: int, stop: int) -> list[int]:
+    """First steps of the groups that :func:`ramp_sizes` splits the group of ``group_steps``
+    steps from ``start_step`` into, those before ``stop``; the next group starts at
+    ``start_step + group_steps``.
+
+    >>> ramp_starts(0, 8, 100), ramp_starts(5, 8, 8)
+    ([0, 1, 2, 4], [5, 6, 7])
+    """
+    starts, step = [], start_step
+    for size in ramp_sizes(group_steps):
+        if step >= stop:
+            break
+        starts.append(step)
+        step += size
+    return starts
+
+
 def groups(plan: Plan, start_step: int, group_steps: int, ramp: bool) -> list[tuple[int, int]]:
     """``(first_step, stop_step)`` of each group of ``group_steps`` steps from ``start_step`` on;
     a short last batch is a group of its own. With ``ramp``, the first group is split by
@@ -60,12 +77,9 @@ def groups(plan: Plan, start_step: int, group_steps: int, ramp: bool) -> list[tu
     [(0, 1), (1, 2), (2, 4), (4, 8), (8, 12), (12, 13)]
     """
     full = plan.rows_per_epoch // plan.batch_size
-    bounds, first = [], start_step
-    for size in ramp_sizes(group_steps) if ramp else ():
-        if first >= full:
-            break
-        bounds.append((first, min(first + size, full)))
-        first += size
+    ramped = ramp_starts(start_step, group_steps, full) if ramp else []
+    first = start_step + group_steps if ramp else start_step
+    bounds = [(s, min(e, full)) for s, e in zip(ramped, [*ramped[1:], first], strict=False)]
     bounds += [(s, min(s + group_steps, full)) for s in range(first, full, group_steps)]
     if plan.steps > full and start_step <= full:
         bounds.append((full, full + 1))
@@ -99,14 +113,8 @@ class EpochIndices:
         self._empty = empty or (lambda n: np.empty(n, dtype=np.int64))
         most = max(1, BLOCK_POSITIONS // (group_steps * plan.batch_size)) * group_steps
         self._positions = most * plan.batch_size  # of every block's buffer
-        starts: list[int] = []
-        step = start_step
-        for size in ramp_sizes(group_steps) if ramp else ():
-            if step >= plan.steps:
-                break
-            starts.append(step)
-            step += size
-        size = group_steps
+        starts = ramp_starts(start_step, group_steps, plan.steps) if ramp else []
+        step, size = start_step + group_steps if ramp else start_step, group_steps
         while step < plan.steps:
             starts.append(step)
             step += size

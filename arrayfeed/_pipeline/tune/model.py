@@ -77,8 +77,6 @@ class Model:
         self.history: deque[tuple[int, int]] = deque(maxlen=256)  # settings, for benchmarks
         self._floor: tuple[int, float] | None = None  # (fewest in flight, their occupancy)
         self._alone = 0.0  # the read latency measured there
-        self._best: Window | None = None
-        self._reached: dict[int, float] = {}  # in flight: the rate measured there
         self._at: dict[int, Window] = {}  # in flight: its windows, merged (noise averages out)
         self._last: Window | None = None  # the last window of the growth
         # A window that did not pay, while the setting before is measured again.
@@ -101,7 +99,7 @@ class Model:
 
     def reaching(self, rate: float) -> int:
         """The fewest in flight measured that came within MARGIN of ``rate``."""
-        near = [n for n, r in self._reached.items() if r * (1 + MARGIN) >= rate]
+        near = [n for n, w in self._at.items() if w.rate * (1 + MARGIN) >= rate]
         return min(near) if near else self.little(rate)
 
     def budgets(self, w: Window) -> tuple[int, Bound]:
@@ -156,9 +154,7 @@ class Model:
                 self._alone = min(self._alone, w.latency)
             if self.phase in ("grow", "trial"):
                 seen = self._at.get(w.in_flight)
-                at = self._at[w.in_flight] = w if seen is None else seen.merged(w)
-                self._reached[w.in_flight] = at.rate
-                self._best = max(self._at.values(), key=lambda m: m.rate)
+                self._at[w.in_flight] = w if seen is None else seen.merged(w)
         {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(
             self.phase, self._decide
         )(w)
@@ -197,7 +193,7 @@ class Model:
         self._last = w
         if not saturated and most > w.in_flight:
             return self._double(w, most)
-        best = self._best or w
+        best = max(self._at.values(), key=lambda m: m.rate, default=w)
         if saturated:
             most, bound = min(most, self.reaching(best.rate)), Bound.LATENCY
             if self.processes:  # a doubling that added loaders did not pay: they go
@@ -242,12 +238,9 @@ class Model:
             self.processes, self.inputs = processes, inputs
             self._move(in_flight)
             return self._settle(bound, window)
-        last = self._trial[0]
-        for later in self._trial[1:]:
-            last = last.merged(later)
-        self.phase, self._last, self._best = "grow", last, last
-        self._reached = {last.in_flight: rate}  # (measured with fewer loaders before)
-        self._at = {last.in_flight: last}
+        last = self._trial[0].merged(*self._trial[1:])
+        self.phase, self._last = "grow", last
+        self._at = {last.in_flight: last}  # (measured with fewer loaders before)
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
         room = self._cpu_budget(last) - last.cores(last.reader_cpu) >= 1 - INTERPRETER
         if scaled and room and self._loaders_pay(last, rate):  # interpreters still bind
@@ -263,15 +256,13 @@ class Model:
         self._recent.append(w)
         if len(self._recent) < WATCH:
             return
-        now = self._recent[0]
-        for later in list(self._recent)[1:]:
-            now = now.merged(later)
+        now = self._recent[0].merged(*list(self._recent)[1:])
         moved = not ref.rate / DRIFT <= now.rate <= ref.rate * DRIFT
         waits = (now.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
         if moved or waits:  # something changed: measure again, a read alone first
             self.phase, self.bound, self.threads = "grow", Bound.MEASURING, 1
-            self._floor, self._best, self._last, self._tried = None, None, None, set()
-            self._again, self._reached, self._at = None, {}, {}
+            self._floor, self._last, self._tried = None, None, set()
+            self._again, self._at = None, {}
 
     def _move(self, in_flight: int) -> None:
         self.threads = max(1, min(self.limits.threads, -(-in_flight // max(1, self.processes))))

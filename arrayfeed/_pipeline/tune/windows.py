@@ -67,20 +67,21 @@ class Window:
     def cores(self, cpu: float) -> float:
         return cpu / self.seconds
 
-    def merged(self, other: Window) -> Window:
-        """This window and ``other`` (at the same setting) as one."""
+    def merged(self, *others: Window) -> Window:
+        """This window and ``others`` (at the same setting) as one."""
+        every = (self, *others)
+        groups = sum(w.groups for w in every)
         return Window(
             threads=self.threads,
             processes=self.processes,
-            seconds=self.seconds + other.seconds,
-            groups=self.groups + other.groups,
-            rows=self.rows + other.rows,
-            waited=self.waited + other.waited,
-            latency=(self.latency * self.groups + other.latency * other.groups)
-            / max(1, self.groups + other.groups),
-            reader_cpu=self.reader_cpu + other.reader_cpu,
-            interpreter_cpu=self.interpreter_cpu + other.interpreter_cpu,
-            consumer_cpu=self.consumer_cpu + other.consumer_cpu,
+            seconds=sum(w.seconds for w in every),
+            groups=groups,
+            rows=sum(w.rows for w in every),
+            waited=sum(w.waited for w in every),
+            latency=sum(w.latency * w.groups for w in every) / max(1, groups),
+            reader_cpu=sum(w.reader_cpu for w in every),
+            interpreter_cpu=sum(w.interpreter_cpu for w in every),
+            consumer_cpu=sum(w.consumer_cpu for w in every),
         )
 
 
