@@ -25,8 +25,18 @@ import pytest
 import zarr
 
 import arrayfeed as af
+from arrayfeed._pipeline.tune.machine import usable_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent without it)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker per usable core, at most 4. Most tests wait on other processes
+    (training jobs, servers, loaders) and pass beside a busy neighbour; beyond 4, each worker's
+    TensorFlow and JAX cost more memory than the wall time they save."""
+    return min(4, usable_cores())
+
 
 #: Backend name -> writer(tmp_path, name, array) returning what a user passes to from_arrays.
 Writer = Callable[[Path, str, np.ndarray], object]

@@ -115,7 +115,9 @@ def test_the_readme_is_a_short_front_door() -> None:
     assert len(text.splitlines()) <= 120
     # The two set-up commands, unchanged, and the one that builds these pages.
     assert 'python -m pip install -e ".[test]" && python examples/demo.py' in text
-    assert "\npython -m pytest\n" in text
+    # The test command, the one CI runs.
+    assert "\npython -m pytest -n auto\n" in text
+    assert "\npython -m pytest -n auto\n" in (REPO_ROOT / ".ci" / "run").read_text()
     assert (
         'python -m pip install -e ".[docs]" && python -m sphinx -W -b html docs docs/_build/html'
         in text

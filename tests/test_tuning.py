@@ -176,6 +176,33 @@ def test_reading_here_shares_its_interpreter_with_the_consumer() -> None:
     assert w.interpreter_cpu == pytest.approx(0.30)
 
 
+def test_cores_count_the_cpu_of_a_pause_over_the_pause() -> None:
+    """The time between passes is left out of a window's rate, but not out of its cores: reads
+    ahead use CPU then too, and a core is busy at most all of the time (a window of reads that
+    keep one core busy, with a pause as long as the window, shows one core, not two)."""
+    clock = Clock()
+    tuner = _tuner(clock)
+    seen = _windows(tuner)
+    tuner.pass_started()
+    _deliver(tuner, clock, 1, 0.01)
+    for i in range(40):
+        if i == 20:  # the consumer elsewhere; the readers read on
+            tuner.read_cpu(0.2)
+            clock.now += 0.2
+            clock.cpu += 0.2
+            tuner.pass_started()
+        clock.now += 0.01
+        clock.cpu += 0.01
+        tuner.read_cpu(0.01)
+        tuner.delivered(100)
+    tuner.pass_started()  # (a window with a pass start in it ends with that pass)
+    (w,) = seen
+    assert w.seconds == pytest.approx(0.4) and w.rate == pytest.approx(100)
+    assert w.cores(w.reader_cpu) == pytest.approx(1.0)
+    merged = w.merged(w)
+    assert merged.cores(merged.reader_cpu) == pytest.approx(1.0)
+
+
 def test_short_passes_end_a_window_after_a_few() -> None:
     """Passes of one group, read ahead: a window ends with its passes, at the latest after
     :data:`WINDOW_PASSES` of them, however short."""

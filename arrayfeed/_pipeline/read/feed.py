@@ -328,8 +328,8 @@ class Feed:
         """What ``epoch`` reads each leaf through: small chunked leaves from memory
         (:mod:`.resident`); with ``shuffle="block"``, other chunked storage through a
         :class:`WindowCache` of the windows that groups in flight draw from."""
-        if not self._reads_windows:
-            return self.readable
+        if not self._reads_windows or not any(chunked_rows(s) for s in self.readable):
+            return self.readable  # (rows gathered: no windows, no block order to work out)
         order = self.plan.block_order(epoch)
         return [
             WindowCache(s, order, self._cache_windows, self._window_pool) if chunked_rows(s) else s

@@ -35,7 +35,9 @@ CARRIED_PAUSE = WINDOW_SECONDS / 10
 class Window:
     """One window at ``threads`` in each of ``processes`` loaders (0: this process reads):
     its seconds, the groups and rows the consumer took and the seconds it waited, the median
-    read latency, and the CPU seconds of the readers, the busiest interpreter and the consumer."""
+    read latency, and the CPU seconds of the readers, the busiest interpreter and the consumer,
+    used over ``wall`` seconds: its seconds and the pauses left out of them (reads ahead use CPU
+    in a pause too; 0: ``seconds``)."""
 
     threads: int
     processes: int
@@ -47,6 +49,7 @@ class Window:
     reader_cpu: float = 0.0
     interpreter_cpu: float = 0.0
     consumer_cpu: float = 0.0
+    wall: float = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -65,7 +68,8 @@ class Window:
         return self.groups / max(self.seconds - self.waited, 1e-9)
 
     def cores(self, cpu: float) -> float:
-        return cpu / self.seconds
+        """Cores ``cpu`` seconds of the window kept busy."""
+        return cpu / max(self.wall, self.seconds)
 
     def merged(self, *others: Window) -> Window:
         """This window and ``others`` (at the same setting) as one."""
@@ -82,6 +86,7 @@ class Window:
             reader_cpu=sum(w.reader_cpu for w in every),
             interpreter_cpu=sum(w.interpreter_cpu for w in every),
             consumer_cpu=sum(w.consumer_cpu for w in every),
+            wall=sum(max(w.wall, w.seconds) for w in every),
         )
 
 
@@ -191,7 +196,7 @@ class Meter:
 
     def _open(self, now: float) -> None:
         self._window = dict.fromkeys(("rows", "groups", "waited", "starts", "due"), 0.0)
-        self._window.update(start=now, cpu=self._process_cpu())
+        self._window.update(start=now, opened=now, cpu=self._process_cpu())
         self._cpu_at, self._latencies, self._mark = dict(self._cpu), [], now
 
     def _close(self, now: float) -> None:
@@ -214,6 +219,7 @@ class Meter:
                 # (reading here: the interpreter the consumer's)
                 interpreter_cpu=max([c for r, c in used.items() if r] or [readers + consumer]),
                 consumer_cpu=consumer,
+                wall=now - w["opened"],
             )
         )
         if not self._skip and not self.starting:  # no move: the next window starts now
