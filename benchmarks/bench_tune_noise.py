@@ -6,7 +6,10 @@ deviation of a window's log rate and log latency). Pure simulation: no clock, se
 - ``settle``: not settled within the windows the tests allow (plus one);
 - ``best``: settled below 0.9 of the best any setting delivers;
 - ``loaders``, ``threads``: more than twice the loaders, or 2.5 x the groups in flight, that
-  the fewest reaching 0.9 of the best need.
+  the fewest reaching 0.9 of the best need;
+- ``unstable``: of the runs taken three at a time (seeds 1-3, 4-6 …: the same case run three
+  times), the triples whose threads lie more than a factor of 2 apart or whose loader counts
+  differ (#triples: ``runs // 3``).
 
     python benchmarks/bench_tune_noise.py
 """
@@ -24,10 +27,11 @@ from tests.test_tune_model import CORES, SETTLED_WITHIN, _least, _storages, sett
 
 
 def study(noise: float, seeds: int) -> dict[str, int]:
-    bad = {"runs": 0, "settle": 0, "best": 0, "loaders": 0, "threads": 0}
+    bad = {"runs": 0, "settle": 0, "best": 0, "loaders": 0, "threads": 0, "unstable": 0}
     for cores in CORES:
         for s in _storages(cores).values():
             loaders, in_flight = _least(s, 0.9)
+            settings = []
             for seed in range(1, seeds + 1):
                 m, _ = run(s, noise=noise, windows=SETTLED_WITHIN + 10, seed=seed)
                 bad["runs"] += 1
@@ -37,6 +41,10 @@ def study(noise: float, seeds: int) -> dict[str, int]:
                 bad["best"] += delivered(s, m.threads, m.processes) < 0.9 * best(s)
                 bad["loaders"] += m.processes > max(1, 2 * loaders)
                 bad["threads"] += m.threads * m.processes > max(4, 2.5 * in_flight)
+                settings.append((m.threads, m.processes))
+            for i in range(0, len(settings) - 2, 3):
+                threads, processes = zip(*settings[i : i + 3], strict=True)
+                bad["unstable"] += max(threads) > 2 * min(threads) or len(set(processes)) > 1
     return bad
 
 
@@ -45,14 +53,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     args = parser.parse_args()
     print(
-        "| noise | runs | not settled | below 0.9 of best | too many loaders | too many threads |"
+        "| noise | runs | not settled | below 0.9 of best | too many loaders | too many threads "
+        "| unstable triples |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for noise in (0.1, 0.2, 0.3):
         b = study(noise, args.seeds)
         print(
             f"| {noise} | {b['runs']} | {b['settle']} | {b['best']} | {b['loaders']} "
-            f"| {b['threads']} |"
+            f"| {b['threads']} | {b['unstable']} of {b['runs'] // 3} |"
         )
 
 

@@ -96,6 +96,18 @@ def test_a_rate_that_dips_while_reads_do_not_queue_is_noise_not_the_storage(core
         assert got >= 0.9 * best(s), (seed, settings, got / best(s))
 
 
+def test_a_second_loader_is_tried_where_the_cpu_a_group_takes_leaves_room_for_it() -> None:
+    """Two cores and a client holding one interpreter 0.7 ms a group, 1.15 ms of CPU in all:
+    one loader keeps 1.6 cores busy and reaches 0.82 of what two deliver. What decides the
+    trial is the rate the cores allow at the CPU a group takes (1.22 x), not the cores left
+    over in a window (0.4), which a window's noise moves."""
+    s = Storage(wait=0.02, cpu=0.00045, gil=0.0007, cores=2)
+    assert delivered(s, 64, 1) < 0.9 * best(s)
+    model, settings = run(s, windows=SETTLED_WITHIN + 10)
+    assert model.processes == 2, settings
+    assert delivered(s, model.threads, model.processes) >= 0.9 * best(s), settings
+
+
 @pytest.mark.parametrize(("cores", "name"), CASES)
 def test_the_same_case_run_three_times_settles_alike(cores: int, name: str) -> None:
     s = _storages(cores)[name]

@@ -22,8 +22,9 @@ stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their
 4. Budgets: the cores less the consumer's, over the cores a read in flight uses; the groups
    the read-ahead memory holds; ``threads`` per reader.
 5. One interpreter: reads that queue (``GROWTH`` x a read alone's latency) in a loader busy
-   ``INTERPRETER`` of a core or more, with threads off the cores and half a core left: twice
-   the loaders are tried if the budgets allow ``GAIN`` x the rate, and kept if they deliver it
+   ``INTERPRETER`` of a core or more, with threads off the cores: twice the loaders are tried
+   if the budgets allow ``GAIN`` x the rate (the cores less the consumer's at the CPU seconds
+   a group took: a noisy window moves the cores used, not that), and kept if they deliver it
    over ``TRIAL_WINDOWS`` windows (doubled again at once if they delivered ``PROPORTIONAL`` of
    their number's worth).
 6. The rate of the last ``WATCH`` windows merged moving ``DRIFT`` x from that of the first
@@ -119,8 +120,8 @@ class Model:
             return False
         queued = max(w.latency, w.in_flight / w.rate)  # (Little's law over the whole window)
         busiest = w.cores(w.interpreter_cpu)
-        off_cores = min(w.threads - busiest, self._cpu_budget(w) - w.cores(w.reader_cpu))
-        return queued >= GROWTH * self._floor[1] and busiest >= INTERPRETER and off_cores >= 0.5
+        waiting = w.threads - busiest  # threads off the cores (the cores left: _loaders_pay)
+        return queued >= GROWTH * self._floor[1] and busiest >= INTERPRETER and waiting >= 0.5
 
     def _loaders_pay(self, w: Window, rate: float) -> bool:
         """Whether twice the loaders may deliver GAIN x ``rate``, within the CPU and memory."""
@@ -242,8 +243,7 @@ class Model:
         self.phase, self._last = "grow", last
         self._at = {last.in_flight: last}  # (measured with fewer loaders before)
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
-        room = self._cpu_budget(last) - last.cores(last.reader_cpu) >= 1 - INTERPRETER
-        if scaled and room and self._loaders_pay(last, rate):  # interpreters still bind
+        if scaled and self._loaders_pay(last, rate):  # interpreters still bind
             return self._try_loaders(last, rate, last.in_flight, bound)
         self._double(last, self.budgets(last)[0])
 
