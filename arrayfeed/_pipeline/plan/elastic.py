@@ -314,8 +314,7 @@ class RestOrder:
         base = rest.base
         self.size = base.block_rows
         self._orders: dict[int, BlockOrder] = {}
-        # Each base worker's first row, as shard_bounds splits (on ints: no overflow).
-        starts = [rest.n_rows * k // base.workers for k in range(base.workers)]
+        starts = [shard_bounds(rest.n_rows, Shard(base.workers, k))[0] for k in range(base.workers)]
         self._range_starts = np.array(starts, dtype=np.int64)
         self._first_blocks = self._range_starts // self.size
         self.stride = rest.n_rows // self.size + 2
