@@ -12,8 +12,10 @@ bandwidth) delivers, and the consumer's seconds per group and the share of those
 - the storage: ``bandwidth`` (memory bandwidth: its threads stall on the cores, which their
   CPU time shows);
 - the cores: ``cores / (cpu + gil + the consumer's CPU per group)``;
-- each interpreter: ``1 / gil`` per loader (reading in the training process: one interpreter
-  shared with the consumer's CPU);
+- each interpreter: ``lock / gil`` per loader (reading in the training process: one interpreter
+  shared with the consumer's CPU), where ``lock`` is the share of a core its lock is held
+  when it binds: 1 where one thread holds it for long, less where many threads and an event
+  loop hand it over many times a millisecond (each hand-off leaves it idle a moment);
 - a small cost for reads in flight beyond what the rate needs (hand-offs between threads), so
   that more threads than needed deliver a little less, as on real machines (5 % at twice as
   many).
@@ -49,6 +51,7 @@ class Storage:
     cores: int = 2
     seconds: float = 0.5  # of a window
     timed: float = 1.0  # share of a read's time its latency shows (a dask graph: less)
+    lock: float = 1.0  # share of a core an interpreter's lock is busy when it binds
 
     @property
     def latency(self) -> float:
@@ -62,7 +65,7 @@ def supply(s: Storage, threads: int, processes: int) -> float:
     consumer_cpu = s.consumer * s.consumer_cpu
     limits = [in_flight / s.latency, s.bandwidth, s.cores / (s.cpu + s.gil + consumer_cpu)]
     if s.gil:
-        limits.append(loaders / s.gil if processes else 1 / (s.gil + consumer_cpu))
+        limits.append(s.lock * (loaders / s.gil if processes else 1 / (s.gil + consumer_cpu)))
     rate = min(limits)
     needed = max(1.0, rate * s.latency)
     return rate * max(0.5, 1 - CROWDING * max(0.0, in_flight / needed - 1))

@@ -21,12 +21,13 @@ stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their
    law over a read alone predicts, so in flight measured, not extrapolated.)
 4. Budgets: the cores less the consumer's, over the cores a read in flight uses; the groups
    the read-ahead memory holds; ``threads`` per reader.
-5. One interpreter: reads that queue (``GROWTH`` x a read alone's latency) in a loader busy
-   ``INTERPRETER`` of a core or more, with threads off the cores: twice the loaders are tried
-   if the budgets allow ``GAIN`` x the rate (the cores less the consumer's at the CPU seconds
-   a group took: a noisy window moves the cores used, not that), and kept if they deliver it
-   over ``TRIAL_WINDOWS`` windows (doubled again at once if they delivered ``PROPORTIONAL`` of
-   their number's worth).
+5. Queued in a loader: reads that queue (``GROWTH`` x a read alone's latency) with threads off
+   the cores bind on one interpreter's lock or on the storage, which the CPU a loader shows
+   cannot tell apart (a lock handed over between many threads and an event loop binds well
+   under a core): twice the loaders are tried if the budgets allow ``GAIN`` x the rate (the
+   cores less the consumer's at the CPU seconds a group took: a noisy window moves the cores
+   used, not that), and kept if they deliver it over ``TRIAL_WINDOWS`` windows (doubled again
+   at once if they delivered ``PROPORTIONAL`` of their number's worth); once per loader count.
 6. The rate of the last ``WATCH`` windows merged moving ``DRIFT`` x from that of the first
    ``WATCH`` at the setting settled on, or a consumer that starts or stops waiting: measured
    again from one thread each.
@@ -49,7 +50,6 @@ __all__ = ["Limits", "Model"]
 MARGIN = 0.1  # reads do not all take as long
 WAITED = 0.1  # the consumer waits when it waited this share of its time
 GROWTH = 1.25
-INTERPRETER = 0.5  # a lock held half the time: each holder waits as long as it holds it
 GAIN, TRIAL_WINDOWS, PROPORTIONAL = 1.15, 3, 0.75
 DRIFT = 1.5
 WATCH = 3  # windows merged on each side of a drift (noise averages out)
@@ -115,13 +115,13 @@ class Model:
     def _cpu_budget(self, w: Window) -> float:
         return self.limits.cores - w.cores(w.consumer_cpu)
 
-    def interpreter_bound(self, w: Window) -> bool:
+    def queued_in_loader(self, w: Window) -> bool:
+        """Formula 5's condition: reads queue in a loader with threads off the cores."""
         if not self.processes or self._floor is None:
             return False
         queued = max(w.latency, w.in_flight / w.rate)  # (Little's law over the whole window)
-        busiest = w.cores(w.interpreter_cpu)
-        waiting = w.threads - busiest  # threads off the cores (the cores left: _loaders_pay)
-        return queued >= GROWTH * self._floor[1] and busiest >= INTERPRETER and waiting >= 0.5
+        waiting = w.threads - w.cores(w.interpreter_cpu)  # threads off the cores
+        return queued >= GROWTH * self._floor[1] and waiting >= 0.5
 
     def _loaders_pay(self, w: Window, rate: float) -> bool:
         """Whether twice the loaders may deliver GAIN x ``rate``, within the CPU and memory."""
@@ -140,7 +140,7 @@ class Model:
         return (
             self.phase == "grow"
             and w is not None
-            and self.interpreter_bound(w)
+            and self.queued_in_loader(w)
             and (self._loaders_pay(w, w.rate))
         )
 
@@ -200,7 +200,7 @@ class Model:
             if self.processes:  # a doubling that added loaders did not pay: they go
                 most = min(most, self.limits.threads * self.processes)
         self.inputs = self._inputs(best, best.rate, most)
-        if self.interpreter_bound(w):  # (the window with the most threads waiting)
+        if self.queued_in_loader(w):  # (the window with the most threads waiting)
             rate = best.rate  # (what the reads delivered at best: more loaders must beat it)
             if self._loaders_pay(w, rate):
                 return self._try_loaders(w, rate, most, bound)

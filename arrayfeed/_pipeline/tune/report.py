@@ -17,7 +17,7 @@ class Bound(enum.Enum):
     LATENCY = "latency"  # the storage's rate: as many in flight as reach it
     CORES = "cores"  # the cores there are, less the consumer's
     MEMORY = "memory"  # the groups the read-ahead memory holds
-    INTERPRETER = "interpreter"  # one interpreter's lock, and no more loaders may help
+    INTERPRETER = "interpreter"  # reads queue in each loader, and no more loaders may help
 
 
 @dataclass(frozen=True)
