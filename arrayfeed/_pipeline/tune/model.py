@@ -23,11 +23,12 @@ stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their
    the read-ahead memory holds; ``threads`` per reader.
 5. Queued in a loader: reads that queue (``GROWTH`` x a read alone's latency) with threads off
    the cores bind on one interpreter's lock or on the storage, which the CPU a loader shows
-   cannot tell apart (a lock handed over between many threads and an event loop binds well
-   under a core): twice the loaders are tried if the budgets allow ``GAIN`` x the rate (the
-   cores less the consumer's at the CPU seconds a group took: a noisy window moves the cores
-   used, not that), and kept if they deliver it over ``TRIAL_WINDOWS`` windows (doubled again
-   at once if they delivered ``PROPORTIONAL`` of their number's worth); once per loader count.
+   cannot tell apart (a lock handed over between many threads and an event loop binds well under
+   a core): twice the loaders, each with the threads one had, are tried if the budgets allow
+   ``GAIN`` x the rate (the cores less the consumer's at the CPU seconds a group took: a noisy
+   window moves the cores used, not that), and kept if they deliver it over ``TRIAL_WINDOWS``
+   windows (doubled again at once if they delivered ``PROPORTIONAL`` of their number's worth);
+   once per loader count.
 6. The rate of the last ``WATCH`` windows merged moving ``DRIFT`` x from that of the first
    ``WATCH`` at the setting settled on, or a consumer that starts or stops waiting: measured
    again from one thread each.
@@ -220,10 +221,12 @@ class Model:
         self._move(in_flight)
 
     def _try_loaders(self, w: Window, rate: float, in_flight: int, bound: Bound) -> None:
-        """Twice the loaders, with the in flight twice the rate needs; else ``in_flight``."""
+        """Twice the loaders, each with the in flight one had (``in_flight`` in all); else
+        ``in_flight``. Reads that queue deliver less than Little's law over a read alone says,
+        so the in flight a loader measured, not that, is what each new one gets."""
         self._back = (self.threads, self.processes, rate, w, in_flight, bound, self.inputs)
         count = min(self.limits.processes, 2 * self.processes)
-        target = min(self.little(rate * count / self.processes), self.budgets(w)[0])
+        target = min(in_flight * count // self.processes, self.budgets(w)[0])
         self.processes, self.phase, self._trial = count, "trial", []
         self._move(target)
 
