@@ -32,9 +32,8 @@ against the best fixed setting of the sweep, alternating, and the ratio is the m
 pairs, a measure the choice of the setting did not bias. Both ratios are printed and saved.
 
 Targets (printed with the machine): default / best fixed setting >= 0.9 per case (confirmed,
-where ``--confirm`` was given); for the
-20-ms cases default / one thread >= 8; the tuned setting holds within 5 s of reading; no case
-where the default is slower than one thread.
+where ``--confirm`` was given); for the 20-ms cases default / one thread >= 8; the tuned
+setting holds within 5 s of reading; no case where the default is slower than one thread.
 
     python benchmarks/bench_autotune.py                 # ~35 min on 2 cores (--reps 2: ~23)
     python benchmarks/bench_autotune.py --quick         # shorter runs, one round
@@ -294,11 +293,14 @@ def sweep(
     return runs
 
 
-def best_fixed(by_setting: dict[str, list[dict[str, Any]]]) -> str:
-    """The fixed setting of the highest median rate."""
-    fixed = {k: statistics.median(r["rows_s"] for r in v) for k, v in by_setting.items()}
-    fixed.pop("default", None)
-    return max(fixed, key=lambda k: fixed[k])
+def medians(by_setting: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """The median rows/s of each setting."""
+    return {k: statistics.median(r["rows_s"] for r in v) for k, v in by_setting.items()}
+
+
+def best_fixed(rates: dict[str, float]) -> str:
+    """The fixed setting of the highest rate (``"default"`` aside)."""
+    return max((k for k in rates if k != "default"), key=lambda k: rates[k])
 
 
 def confirm(
@@ -309,7 +311,7 @@ def confirm(
     confirmed: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for rep in range(args.confirm):
         for case, by_setting in runs.items():
-            pair = ["default", best_fixed(by_setting)]
+            pair = ["default", best_fixed(medians(by_setting))]
             for key in pair if rep % 2 == 0 else pair[::-1]:
                 result = run(case, data, key, args.warm, args.measure)
                 confirmed.setdefault(case, {}).setdefault(key, []).append(result)
@@ -332,15 +334,11 @@ def summarise(
     confirmed: dict[str, dict[str, list[dict[str, Any]]]],
     where: str,
 ) -> dict[str, Any]:
-    def median(results: list[dict[str, Any]], key: str) -> float:
-        return statistics.median(r[key] for r in results)
-
     print(f"\nrows/s, medians ({where})")
     rows, checks = [], []
     for case, by_setting in runs.items():
-        rates = {k: median(v, "rows_s") for k, v in by_setting.items()}
-        fixed = {k: v for k, v in rates.items() if k != "default"}
-        best_key = best_fixed(by_setting)
+        rates = medians(by_setting)
+        best_key = best_fixed(rates)
         default = rates["default"]
         again = confirmed.get(case, {})
         defaults = by_setting["default"] + again.get("default", [])
@@ -349,8 +347,8 @@ def summarise(
             "case": case,
             "rates": rates,
             "best_fixed": best_key,
-            "default_over_best": default / fixed[best_key],
-            "default_over_one": default / fixed["1"] if "1" in fixed else None,
+            "default_over_best": default / rates[best_key],
+            "default_over_one": default / rates["1"] if "1" in rates else None,
             "threads_chosen": chosen(defaults),
             "settled_after_s": settled,
             "why": by_setting["default"][-1]["why"],
@@ -360,7 +358,7 @@ def summarise(
             row["confirmed_default_over_best"] = statistics.median(
                 d["rows_s"] / b["rows_s"] for d, b in pairs
             )
-            row["confirmed_rates"] = {k: median(v, "rows_s") for k, v in again.items()}
+            row["confirmed_rates"] = medians(again)
         rows.append(row)
         cells = "  ".join(f"{k}:{v:,.0f}" for k, v in rates.items())
         print(f"  {case:9} {cells}")
