@@ -7,7 +7,7 @@
   just before it); and a fresh start on 8 workers. The rest is read through the
   old workers' permutations, whose cost per position depends on their size (cycle walking, see
   ``arrayfeed/_pipeline/plan/permutation.py``): that fresh start has the same. Medians of
-  ``--reps`` runs, interleaved.
+  ``--first-reps`` runs, interleaved.
 - ``block rate``: rows/s of the rest of an epoch read with ``shuffle="block"`` from a Zarr
   store that ``arrayfeed convert`` wrote (lzf), the state saved by 4 workers a third into the
   epoch: worker 0 of 3 (the rest re-dealt) against worker 0 of 4 (an unchanged resume), each
@@ -164,13 +164,19 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000, help="rows of the .npy file")
     parser.add_argument("--store-rows", type=int, default=2_400_000, help="rows of the store")
     parser.add_argument("--row-bytes", type=int, default=512, help="bytes per row of the store")
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=9, help="runs of the block rate")
+    parser.add_argument(
+        "--first-reps",
+        type=int,
+        default=101,
+        help="runs of each first batch (a few ms each, a quarter of them 15%% apart: many)",
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         np.save(root / "ids.npy", np.arange(args.rows, dtype=np.int64))
-        first = time_to_first_batch(root / "ids.npy", args.reps)
+        first = time_to_first_batch(root / "ids.npy", args.first_reps)
         rng = np.random.default_rng(0)  # compressible rows, as most stored data is
         rows = rng.integers(0, 16, (args.store_rows, args.row_bytes), dtype=np.uint8)
         af.convert({"x": rows}, root / "s.zarr", compression="lzf", progress=False)

@@ -13,7 +13,18 @@ from .conftest import run_benchmark
 @pytest.mark.slow
 def test_quick_run_prints_the_tables(tmp_path: Path) -> None:
     out = tmp_path / "resume.json"
-    args = ["--rows", "200000", "--store-rows", "60000", "--row-bytes", "64", "--reps", "1"]
+    args = [
+        "--rows",
+        "200000",
+        "--store-rows",
+        "60000",
+        "--row-bytes",
+        "64",
+        "--reps",
+        "1",
+        "--first-reps",
+        "1",
+    ]
     done = run_benchmark(
         "bench_resume.py", [*args, "--json", str(out)], tmp_path / "tmp", timeout=300
     )

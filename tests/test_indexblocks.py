@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -342,3 +344,43 @@ def test_a_start_or_a_resume_waits_for_one_batchs_indices_later_epochs_take_whol
     resumed = next(iter(new))
     assert computed[0] == (epoch, step, step + 1) and done[0] == 1
     np.testing.assert_array_equal(resumed, x[new._feed.plan.indices(epoch, step, step + 1)])
+
+
+def _readers_alive() -> int:
+    return sum(t.name.startswith("arrayfeed-read") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_start_starts_its_reader_threads_while_its_first_group_is_read(
+    monkeypatch: pytest.MonkeyPatch, resume: bool
+) -> None:
+    """A thread started when the rest is asked for (after the first group, before it is handed
+    over) would take the interpreter from the consumer waiting for it: the threads the tuner
+    asks for are all running before the first group's indices are done."""
+    x = np.arange(400_000, dtype=np.int64)
+    options: dict[str, Any] = dict(batch_size=64, seed=3, processes=0, num_threads=3)
+    data = af.batches(x, shard=af.Shard(3, 1), **options)
+    if resume:
+        state = af.state(data, 0, len(data) // 3)  # on 3 workers, resumed on 2
+        data = af.batches(x, shard=af.Shard(2, 1), resume=state, **options)
+    original = Plan.indices
+    seen: list[bool] = []
+
+    def first_waits(self: Plan, *args: Any, **kw: Any) -> Any:
+        if not seen:  # the first group: its pass's other threads start meanwhile (or never)
+            deadline = time.monotonic() + 10
+            while _readers_alive() < 3 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen.append(_readers_alive() >= 3)
+        return original(self, *args, **kw)
+
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _readers_alive() and time.monotonic() < deadline:  # (datasets dropped before)
+        time.sleep(0.001)
+    assert _readers_alive() == 0
+    monkeypatch.setattr(Plan, "indices", first_waits)
+    epoch, step = data._feed.next_position
+    first = next(iter(data))
+    assert seen == [True]
+    np.testing.assert_array_equal(first, x[data._feed.plan.indices(epoch, step, step + 1)])

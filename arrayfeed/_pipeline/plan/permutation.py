@@ -51,14 +51,21 @@ EXACT_MAX = 1 << 16
 CHUNK = 1 << 18
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = 0x9E3779B97F4A7C15
 
 Int64s = npt.NDArray[np.int64]
 UInt64s = npt.NDArray[np.uint64]
-Keys = tuple[np.uint64, ...]
+Keys = tuple[UInt64s, ...]
 Words = tuple[UInt64s, ...]
+
+
+def _word(value: int) -> UInt64s:
+    """``value`` as a 0-d uint64 array: the operand a ufunc takes fastest (a NumPy scalar
+    costs a conversion per call, a third of a call on a batch's few hundred positions)."""
+    return np.array(value, dtype=np.uint64)
+
+
+_M1, _M2 = _word(0xBF58476D1CE4E5B9), _word(0x94D049BB133111EB)
 
 
 def splitmix64(x: int) -> int:
@@ -78,7 +85,7 @@ def derive_key(*parts: int) -> int:
     return key
 
 
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_S30, _S27, _S31 = _word(30), _word(27), _word(31)
 
 
 def _mix_into(x: UInt64s, tmp: UInt64s) -> None:
@@ -138,7 +145,7 @@ def _round_keys(key: int) -> Keys:
     k = key & _MASK64
     for _ in range(_ROUNDS):
         k = splitmix64(k)
-        keys.append(np.uint64(k))
+        keys.append(_word(k))
     return tuple(keys)
 
 
@@ -148,41 +155,49 @@ def _widths(n: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def _round_function(x: UInt64s, key: np.uint64, width: int, words: Words) -> UInt64s:
-    """``_mix(x ^ key)`` cut to ``width`` bits, in ``words[2]`` (``words[3]``: scratch)."""
+def _round_function(x: UInt64s, key: UInt64s, mask: UInt64s, words: Words) -> UInt64s:
+    """``_mix(x ^ key) & mask`` in ``words[2]`` (``words[3]``: scratch)."""
     f, tmp = words[2][: len(x)], words[3][: len(x)]
     np.bitwise_xor(x, key, out=f)
     _mix_into(f, tmp)
-    np.bitwise_and(f, np.uint64((1 << width) - 1), out=f)
+    np.bitwise_and(f, mask, out=f)
     return f
+
+
+@functools.lru_cache(maxsize=64)
+def _masks(bits: int) -> tuple[UInt64s, UInt64s]:
+    """``bits`` (a shift) and ``2**bits - 1`` (a mask) as operands."""
+    return _word(bits), _word((1 << bits) - 1)
 
 
 def _encrypt(x: UInt64s, out: UInt64s, a: int, b: int, keys: Keys, words: Words) -> None:
     # State (left: wl bits, right: wr bits); a round maps it to (right, left ^ F(right)), whose
     # widths are (wr, wl). Six rounds (even) bring the widths back to (a, b). `out` may be `x`.
     left, right = words[0][: len(x)], words[1][: len(x)]
-    np.right_shift(x, np.uint64(b), out=left)
-    np.bitwise_and(x, np.uint64((1 << b) - 1), out=right)
-    wl, wr = a, b
+    (_, mask_a), (shift_b, mask_b) = _masks(a), _masks(b)
+    np.right_shift(x, shift_b, out=left)
+    np.bitwise_and(x, mask_b, out=right)
+    ml, mr = mask_a, mask_b
     for k in keys:
-        np.bitwise_xor(left, _round_function(right, k, wl, words), out=left)
+        np.bitwise_xor(left, _round_function(right, k, ml, words), out=left)
         left, right = right, left
-        wl, wr = wr, wl
-    np.left_shift(left, np.uint64(wr), out=out)
+        ml, mr = mr, ml
+    np.left_shift(left, shift_b, out=out)  # (an even number of rounds: widths (a, b) again)
     np.bitwise_or(out, right, out=out)
 
 
 def _decrypt(x: UInt64s, out: UInt64s, a: int, b: int, keys: Keys, words: Words) -> None:
     left, right = words[0][: len(x)], words[1][: len(x)]
-    np.right_shift(x, np.uint64(b), out=left)
-    np.bitwise_and(x, np.uint64((1 << b) - 1), out=right)
-    wl, wr = a, b
+    (_, mask_a), (shift_b, mask_b) = _masks(a), _masks(b)
+    np.right_shift(x, shift_b, out=left)
+    np.bitwise_and(x, mask_b, out=right)
+    ml, mr = mask_a, mask_b
     for k in reversed(keys):
         # Undo (l, r) -> (r, l ^ F(r)): the previous state had widths (wr, wl).
-        np.bitwise_xor(right, _round_function(left, k, wr, words), out=right)
+        np.bitwise_xor(right, _round_function(left, k, mr, words), out=right)
         left, right = right, left
-        wl, wr = wr, wl
-    np.left_shift(left, np.uint64(wr), out=out)
+        ml, mr = mr, ml
+    np.left_shift(left, shift_b, out=out)  # (an even number of rounds: widths (a, b) again)
     np.bitwise_or(out, right, out=out)
 
 
@@ -227,7 +242,7 @@ def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
     """``out[i] = step(x[i])`` with cycle walking, ``CHUNK`` positions at a time (1-D arrays)."""
     a, b = _widths(n)
     keys = _round_keys(key & _MASK64)
-    limit = np.uint64(n)
+    limit = _word(n)
     one = _ON_INTS[step]
     # Values lie in [0, n), n < 2**62, so the int64 arrays are read and written as uint64.
     src, dst = x.view(np.uint64), out.view(np.uint64)

@@ -132,15 +132,24 @@ class ReaderThreads:
         with self._cond:
             return len(self._threads)
 
+    def start(self, count: int) -> None:
+        """Start threads up to ``count`` (within ``most``) before they are needed."""
+        with self._cond:
+            while len(self._threads) < min(count, self._most) and not self._closed:
+                self._start()
+
     def _start_if_needed(self) -> None:  # holding the lock
         runnable = min(len(self._tasks), self._limit - self._running)
         if runnable > self._idle and len(self._threads) < self._most:
-            thread = threading.Thread(
-                target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
-            )
-            self._threads.append(thread)
-            self._idle += 1  # counted idle until it takes a task
-            thread.start()
+            self._start()
+
+    def _start(self) -> None:  # holding the lock
+        thread = threading.Thread(
+            target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        self._idle += 1  # counted idle until it takes a task
+        thread.start()
 
     def _work(self) -> None:
         cond = self._cond
@@ -316,6 +325,10 @@ class EpochPass:
                     self._pool.submit(cache.prefetch_window, window, read)
         return future
 
+    def start_threads(self) -> None:
+        """Start the threads the tuner asks for now, before their reads are submitted."""
+        self._pool.start(self.threads)
+
     def close(self) -> None:
         """Drop what was not started; wait for what was (of every pass these threads read)."""
         self._pool.shutdown()
@@ -392,11 +405,15 @@ def read_pass(feed: PassFeed, epoch: int, start_step: int = 0) -> Generator[Any,
     # A ramped pass (a start) reads its first group alone, nothing ahead of it: reads and
     # planning ahead would take the interpreter from it and from the consumer waiting for it.
     # The rest is asked for as soon as it is read, before it is handed over.
+    # Its other threads start while it is read: a thread started when the rest is asked for
+    # would take the interpreter from the consumer the first group is being handed to.
     alone = reading.ramp
     try:
         while reading.todo or reading.pending:
             reading.threads = threads = tuner.threads
             reading.fill(1 if alone else threads + 1, ahead=not alone)
+            if alone:
+                reading.start_threads()
             if follow and not reading.todo and reads_next(feed, epoch, began):
                 try:
                     after = reading.follow()
