@@ -62,6 +62,7 @@ def cold_plans() -> None:
     restarted job (a fresh start or a resume alike) finds none."""
     permutation._exact.cache_clear()
     permutation._round_keys.cache_clear()
+    permutation._tables.cache_clear()
     elastic._remaining.cache_clear()
 
 

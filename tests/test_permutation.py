@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arrayfeed._pipeline.plan import permutation
 from arrayfeed._pipeline.plan.permutation import (
     CHUNK,
     EXACT_MAX,
@@ -163,3 +164,20 @@ def test_concurrent_calls_never_share_work_buffers() -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda c: permute(c, n, key), chunks * 3))
     assert all(np.array_equal(r, e) for r, e in zip(results, expected * 3, strict=True))
+
+
+@pytest.mark.parametrize("n", [65_537, (1 << 20) + 1, 3 * (1 << 19), (1 << 28) - 3, (1 << 28) + 1])
+@pytest.mark.parametrize("fn", [permute, invert])
+def test_tabulated_rounds_give_the_images_of_the_mixer(
+    n: int, fn: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Up to 2**28 (halves of 14 bits) each round is a lookup in a table of its function; the
+    # images must be the mixer's, both ways, cycle walking included.
+    positions = np.random.default_rng(n).integers(0, n, size=5000)
+    key = derive_key(11, n)
+    tabulated = fn(positions, n, key)
+    assert (permutation._tables(key, *permutation._widths(n))[0] is None) == (n > 1 << 28)
+    monkeypatch.setattr(permutation, "TABLE_BITS", 0)
+    permutation._tables.cache_clear()
+    np.testing.assert_array_equal(tabulated, fn(positions, n, key))
+    permutation._tables.cache_clear()
