@@ -276,6 +276,8 @@ _ON_INTS: dict[Step, StepInt] = {_encrypt: _encrypt_int, _decrypt: _decrypt_int}
 #: Both costs are the interpreter's, so where they balance does not move with the machine; a
 #: batch's first call takes as long from 4 to 32 left (permutation of 1.25 M, 256 positions).
 SCALAR_TAIL = 32
+#: The same where the rounds are tabulated: a pass is about 16 NumPy calls, not 70.
+TABLE_TAIL = 8
 
 
 def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
@@ -285,6 +287,7 @@ def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
     tables = _tables(key & _MASK64, a, b)
     limit = _word(n)
     one = _ON_INTS[step]
+    tail = SCALAR_TAIL if tables[0] is None else TABLE_TAIL
     # Values lie in [0, n), n < 2**62, so the int64 arrays are read and written as uint64.
     src, dst = x.view(np.uint64), out.view(np.uint64)
     with _scratch(min(len(x), CHUNK)) as scratch:
@@ -293,7 +296,7 @@ def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:
             step(src[i : i + CHUNK], images, a, b, keys, scratch.words, tables)
             outside = scratch.flags[: len(images)]
             np.greater_equal(images, limit, out=outside)
-            while (left := int(np.count_nonzero(outside))) > SCALAR_TAIL:
+            while (left := int(np.count_nonzero(outside))) > tail:
                 again = images[outside]  # fewer than half of them, fewer each pass
                 step(again, again, a, b, keys, scratch.words, tables)
                 images[outside] = again
