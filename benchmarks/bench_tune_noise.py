@@ -11,6 +11,11 @@ deviation of a window's log rate and log latency). Pure simulation: no clock, se
   times), the triples whose threads lie more than a factor of 2 apart or whose loader counts
   differ (#triples: ``runs // 3``).
 
+A second table runs the same on storages the tests do not hold, whose outcomes the model does
+not meet yet: one that queues its reads (``Storage.capacity``: each doubling of the reads in
+flight gains less, ``2 / (1 + f)`` at a share ``f`` of its rate, and formula 3 stops doubling
+below ``GROWTH``, at about 0.8 of the best).
+
     python benchmarks/bench_tune_noise.py
 """
 
@@ -18,18 +23,26 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests._machines import best, delivered, run
+from tests._machines import Storage, best, delivered, run
 from tests.test_tune_model import CORES, SETTLED_WITHIN, _least, _storages, settled_within
 
 
-def study(noise: float, seeds: int) -> dict[str, int]:
+def _not_met(cores: int) -> dict[str, Storage]:
+    """Storages whose outcomes the model does not meet yet (see the module docstring)."""
+    return {"queue": Storage(wait=0.02, cpu=0.0002, capacity=200, cores=cores)}
+
+
+def study(
+    noise: float, seeds: int, storages: Callable[[int], dict[str, Storage]] = _storages
+) -> dict[str, int]:
     bad = {"runs": 0, "settle": 0, "best": 0, "loaders": 0, "threads": 0, "unstable": 0}
     for cores in CORES:
-        for s in _storages(cores).values():
+        for s in storages(cores).values():
             loaders, in_flight = _least(s, 0.9)
             settings = []
             for seed in range(1, seeds + 1):
@@ -52,17 +65,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
     args = parser.parse_args()
-    print(
-        "| noise | runs | not settled | below 0.9 of best | too many loaders | too many threads "
-        "| unstable triples |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for noise in (0.1, 0.2, 0.3):
-        b = study(noise, args.seeds)
+    for title, storages in (
+        ("The storages of tests/test_tune_model.py", _storages),
+        ("Not met yet: a storage that queues its reads", _not_met),
+    ):
+        print(f"\n{title}:")
         print(
-            f"| {noise} | {b['runs']} | {b['settle']} | {b['best']} | {b['loaders']} "
-            f"| {b['threads']} | {b['unstable']} of {b['runs'] // 3} |"
+            "| noise | runs | not settled | below 0.9 of best | too many loaders "
+            "| too many threads | unstable triples |"
         )
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for noise in (0.0, 0.1, 0.2, 0.3) if storages is _not_met else (0.1, 0.2, 0.3):
+            b = study(noise, args.seeds, storages)
+            print(
+                f"| {noise} | {b['runs']} | {b['settle']} | {b['best']} | {b['loaders']} "
+                f"| {b['threads']} | {b['unstable']} of {b['runs'] // 3} |"
+            )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ bandwidth) delivers, and the consumer's seconds per group and the share of those
 :func:`supply` is what a setting delivers, the least of what each resource allows:
 
 - the reads in flight: ``in flight / latency`` (Little's law, a read alone taking
-  ``wait + cpu + gil``);
+  ``wait + cpu + gil``, plus ``in flight / capacity`` in a storage that queues its reads);
 - the storage: ``bandwidth`` (memory bandwidth: its threads stall on the cores, which their
   CPU time shows);
 - the cores: ``cores / (cpu + gil + the consumer's CPU per group)``;
@@ -52,10 +52,17 @@ class Storage:
     seconds: float = 0.5  # of a window
     timed: float = 1.0  # share of a read's time its latency shows (a dask graph: less)
     lock: float = 1.0  # share of a core an interpreter's lock is busy when it binds
+    capacity: float = math.inf  # groups/s a storage that queues its reads serves
 
     @property
     def latency(self) -> float:
         return self.wait + self.cpu + self.gil
+
+    def queued(self, in_flight: int) -> float:
+        """A read's latency with ``in_flight`` reads: a storage that queues them (a disk array,
+        a service under load) adds ``in_flight / capacity`` to a read alone's, so its rate
+        ``in_flight / latency`` nears ``capacity`` gradually, each doubling gaining less."""
+        return self.latency + in_flight / self.capacity
 
 
 def supply(s: Storage, threads: int, processes: int) -> float:
@@ -63,11 +70,12 @@ def supply(s: Storage, threads: int, processes: int) -> float:
     loaders = max(1, processes)
     in_flight = threads * loaders
     consumer_cpu = s.consumer * s.consumer_cpu
-    limits = [in_flight / s.latency, s.bandwidth, s.cores / (s.cpu + s.gil + consumer_cpu)]
+    reads = in_flight / s.queued(in_flight)
+    limits = [reads, s.bandwidth, s.cores / (s.cpu + s.gil + consumer_cpu)]
     if s.gil:
         limits.append(s.lock * (loaders / s.gil if processes else 1 / (s.gil + consumer_cpu)))
     rate = min(limits)
-    needed = max(1.0, rate * s.latency)
+    needed = max(1.0, rate * s.queued(in_flight))
     return rate * max(0.5, 1 - CROWDING * max(0.0, in_flight / needed - 1))
 
 
