@@ -158,6 +158,12 @@ def _widths(n: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
+@functools.lru_cache(maxsize=64)
+def _masks(bits: int) -> tuple[UInt64s, UInt64s]:
+    """``bits`` (a shift) and ``2**bits - 1`` (a mask) as operands."""
+    return _word(bits), _word((1 << bits) - 1)
+
+
 def _round_function(
     x: UInt64s, key: UInt64s, mask: UInt64s, words: Words, table: UInt64s | None
 ) -> UInt64s:
@@ -198,12 +204,6 @@ def _tables(key: int, a: int, b: int) -> tuple[UInt64s, ...] | tuple[None, ...]:
         x.setflags(write=False)
         tables.append(x)
     return tuple(tables)
-
-
-@functools.lru_cache(maxsize=64)
-def _masks(bits: int) -> tuple[UInt64s, UInt64s]:
-    """``bits`` (a shift) and ``2**bits - 1`` (a mask) as operands."""
-    return _word(bits), _word((1 << bits) - 1)
 
 
 def _encrypt(
@@ -276,8 +276,9 @@ _ON_INTS: dict[Step, StepInt] = {_encrypt: _encrypt_int, _decrypt: _decrypt_int}
 #: Both costs are the interpreter's, so where they balance does not move with the machine; a
 #: batch's first call takes as long from 4 to 32 left (permutation of 1.25 M, 256 positions).
 SCALAR_TAIL = 32
-#: The same where the rounds are tabulated: a pass is about 16 NumPy calls, not 70.
-TABLE_TAIL = 8
+#: The same where the rounds are tabulated: the balance moves with the NumPy calls of a pass,
+#: two a round (a lookup, an xor) against the mixer's eleven, and eight around them.
+TABLE_TAIL = SCALAR_TAIL * (_ROUNDS * 2 + 8) // (_ROUNDS * 11 + 8)
 
 
 def _walk(x: Int64s, out: Int64s, n: int, key: int, step: Step) -> None:

@@ -134,7 +134,7 @@ class Plan:
     def _with_rest(self, rest: Rest | None) -> Plan:
         """This plan with ``rest`` (checked by :func:`~.elastic.deal`; the rest of the plan was
         checked when it was made, so it is copied, not made again)."""
-        plan = object.__new__(Plan)  # (copy.copy goes through __reduce_ex__: slower)
+        plan = object.__new__(type(self))  # (copy.copy goes through __reduce_ex__: slower)
         plan.__dict__.update(self.__dict__, rest=rest)
         return plan
 
