@@ -11,10 +11,10 @@ deviation of a window's log rate and log latency). Pure simulation: no clock, se
   times), the triples whose threads lie more than a factor of 2 apart or whose loader counts
   differ (#triples: ``runs // 3``).
 
-A second table runs the same on storages the tests do not hold, whose outcomes the model does
-not meet yet: one that queues its reads (``Storage.capacity``: each doubling of the reads in
-flight gains less, ``2 / (1 + f)`` at a share ``f`` of its rate, and formula 3 stops doubling
-below ``GROWTH``, at about 0.8 of the best).
+A second table runs the same on a storage that queues its reads (``Storage.capacity``: each
+doubling of the reads in flight gains less, ``2 / (1 + f)`` at a share ``f`` of its rate),
+which the tests hold with quiet windows only: with noisy ones, whether the last doubling pays
+(about 1.1 x) is close to the noise, and the model does not meet every outcome every run yet.
 
     python benchmarks/bench_tune_noise.py
 """
@@ -32,8 +32,8 @@ from tests._machines import Storage, best, delivered, run
 from tests.test_tune_model import CORES, SETTLED_WITHIN, _least, _storages, settled_within
 
 
-def _not_met(cores: int) -> dict[str, Storage]:
-    """Storages whose outcomes the model does not meet yet (see the module docstring)."""
+def _queueing(cores: int) -> dict[str, Storage]:
+    """A storage that queues its reads (see the module docstring)."""
     return {"queue": Storage(wait=0.02, cpu=0.0002, capacity=200, cores=cores)}
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     for title, storages, noises in (
         ("The storages of tests/test_tune_model.py", _storages, (0.1, 0.2, 0.3)),
-        ("Not met yet: a storage that queues its reads", _not_met, (0.0, 0.1, 0.2, 0.3)),
+        ("A storage that queues its reads", _queueing, (0.0, 0.1, 0.2, 0.3)),
     ):
         print(f"\n{title}:")
         print(

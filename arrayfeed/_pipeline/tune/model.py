@@ -2,36 +2,23 @@
 
 Each :class:`Window` the tuner measures gives what the consumer took (``X`` groups/s) and the
 share of its time it waited (``w``), how long a group took to read, and the cores the readers,
-the busiest loader and the consumer used. The setting follows from a few formulas over them,
-stated in ``docs/explanation/tuning.md``; :class:`~.report.Tuning` reports their inputs:
+the busiest loader and the consumer used. The setting follows from six formulas over them,
+stated in ``docs/explanation/tuning.md`` (numbered as there); :class:`~.report.Tuning` reports
+their inputs:
 
-1. Little's law: ``ceil(rate x L0 x (1 + MARGIN))`` groups in flight deliver ``rate``, where
-   ``L0`` is the seconds a group held a reader with the fewest in flight (a read alone: one
-   thread each): the read latency measured, or, where the consumer waited (the readers all
-   busy), ``in_flight / rate`` over the window if longer (a source that computes part of a
-   group outside its timed read, as a dask graph does, shows a shorter latency).
+1. Little's law: ``ceil(rate x L0 x (1 + MARGIN))`` groups in flight deliver ``rate``; ``L0``:
+   the seconds a group held a reader with the fewest in flight (:meth:`Model._occupancy`).
 2. A consumer that does not wait (``w < WAITED``) sets the rate: its own, ``X / (1 - w)``.
-3. A consumer that waits: in flight doubles while each doubling delivers ``GROWTH`` x more
-   (a step a budget cut short, half its growth), or while reads do not queue (a read takes
-   under ``GROWTH`` x a read alone's latency: a slower window is noise, by Little's law). A
-   doubling that did not pay is checked against the setting before, measured again (A/B/A),
-   each setting's windows merged; the best rate measured is the storage's, and the fewest in
-   flight measured that came within ``MARGIN`` of it are kept. (Formula 1 would give fewer
-   where reads queue: a storage or a CPU that saturates gradually delivers less than Little's
-   law over a read alone predicts, so in flight measured, not extrapolated.)
+3. A consumer that waits: in flight doubles while the rate may still grow ``MARGIN``, as the
+   slowest saturation Little's law allows (reads queueing for a storage) extrapolates from the
+   last doubling; a gain within the windows' noise of that is measured again (``REPEATS``).
+   Then the fewest measured within ``MARGIN`` of the ceiling (:meth:`Model._decide`).
 4. Budgets: the cores less the consumer's, over the cores a read in flight uses; the groups
    the read-ahead memory holds; ``threads`` per reader.
-5. Queued in a loader: reads that queue (``GROWTH`` x a read alone's latency) with threads off
-   the cores bind on one interpreter's lock or on the storage, which the CPU a loader shows
-   cannot tell apart (a lock handed over between many threads and an event loop binds well under
-   a core): twice the loaders, each with the threads one had, are tried if the budgets allow
-   ``GAIN`` x the rate (the cores less the consumer's at the CPU seconds a group took: a noisy
-   window moves the cores used, not that), and kept if they deliver it over ``TRIAL_WINDOWS``
-   windows (doubled again at once if they delivered ``PROPORTIONAL`` of their number's worth);
-   once per loader count.
-6. The rate of the last ``WATCH`` windows merged moving ``DRIFT`` x from that of the first
-   ``WATCH`` at the setting settled on, or a consumer that starts or stops waiting: measured
-   again from one thread each.
+5. Reads that queue in a loader with threads off the cores: twice the loaders are tried if the
+   budgets allow ``GAIN`` x the rate, kept if they deliver it over ``TRIAL_WINDOWS`` windows.
+6. The last ``WATCH`` windows merged moving ``DRIFT`` x (or three times their noise) from those
+   before at the setting, or a consumer that starts or stops waiting: measured again.
 
 Pure logic: no clock, no threads, no I/O.
 """
@@ -50,9 +37,11 @@ __all__ = ["Limits", "Model"]
 
 MARGIN = 0.1  # reads do not all take as long
 WAITED = 0.1  # the consumer waits when it waited this share of its time
-GROWTH = 1.25
+GROWTH = 1.25  # reads queue where a read takes this x a read alone's latency
 GAIN, TRIAL_WINDOWS, PROPORTIONAL = 1.15, 3, 0.75
 DRIFT = 1.5
+NOISE, PRIOR = 0.1, 2  # a window's noise (log rate), before it is measured; as windows
+REPEATS = 4  # windows measured again at most, to tell a doubling that pays
 WATCH = 3  # windows merged on each side of a drift (noise averages out)
 
 
@@ -80,12 +69,16 @@ class Model:
         self._floor: tuple[int, float] | None = None  # (fewest in flight, their occupancy)
         self._alone = 0.0  # the read latency measured there
         self._at: dict[int, Window] = {}  # in flight: its windows, merged (noise averages out)
-        self._last: Window | None = None  # the last window of the growth
-        # A window that did not pay, while the setting before is measured again.
-        self._again: Window | None = None
+        self._count: dict[int, int] = {}  # windows merged in each of ``_at``
+        self._spread = 0.0  # squared log-rate differences between windows of one setting
+        self._pairs = 0
+        self._last: Window | None = None  # the last setting of the growth (below the current)
+        self._repeats = 0  # windows measured again for the decision under way
+        self._upper: Window | None = None  # its more in flight
         self._back: tuple[int, int, float, Window, int, Bound, dict[str, float]] | None = None
         self._trial: list[Window] = []
         self._tried: set[int] = set()  # loader counts that did not pay
+        self._kept = max(1, processes)  # loaders a trial kept (or the first)
         self._reference: Window | None = None  # what the settled setting delivered
         self._references = 0  # windows merged in it
         self._recent: deque[Window] = deque(maxlen=WATCH)
@@ -155,8 +148,9 @@ class Model:
                 self._floor = (w.in_flight, min(self._floor[1], self._occupancy(w)))
                 self._alone = min(self._alone, w.latency)
             if self.phase in ("grow", "trial"):
-                seen = self._at.get(w.in_flight)
-                self._at[w.in_flight] = w if seen is None else seen.merged(w)
+                n, seen = w.in_flight, self._at.get(w.in_flight)
+                self._at[n] = self._merge(seen, w, self._count.get(n, 0))
+                self._count[n] = self._count.get(n, 0) + 1
         {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(
             self.phase, self._decide
         )(w)
@@ -165,8 +159,20 @@ class Model:
     def _warm(self, w: Window) -> None:
         self.phase = "grow"
 
+    def _merge(self, seen: Window | None, w: Window, k: int) -> Window:
+        """``w`` merged into ``seen`` (``k`` windows of the same setting): their noise."""
+        if seen is None:
+            return w
+        self._spread += math.log(w.rate / seen.rate) ** 2 * k / (k + 1)
+        self._pairs += 1
+        return seen.merged(w)
+
+    def noise(self) -> float:
+        """The standard deviation of a window's log rate at one setting: from the windows
+        measured twice, NOISE before any (weighted as PRIOR of them)."""
+        return math.sqrt((PRIOR * NOISE**2 + self._spread) / (PRIOR + self._pairs))
+
     def _decide(self, w: Window) -> None:
-        again, self._again = self._again, None
         if self.phase == "lower":  # fewer for the consumer: kept unless it now waits
             if w.wait_share >= WAITED and self._back is not None:
                 self._move(self._back[0] * max(1, self._back[1]))
@@ -179,33 +185,51 @@ class Model:
             self._back = (self.threads, self.processes, 0.0, w, 0, Bound.CONSUMER, {})
             self.phase = "lower"
             return self._move(need)
-        last = self._last
-        if again is not None:  # the setting before, measured again: its windows and ``again``'s
-            w, last = again, self._at.get(last.in_flight, last) if last is not None else None
+        last = self._last  # the doubling under way: from ``last`` to ``w`` (merged each)
+        if self._repeats and self._upper is not None:  # one of the two measured again
+            w = self._upper
+        w = self._at.get(w.in_flight, w)
+        last = self._at.get(last.in_flight, last) if last is not None else None
         most, bound = self.budgets(w)
-        pays = GROWTH if last is None else min(GROWTH, 1 + (w.in_flight / last.in_flight - 1) / 2)
         # Reads that saturate something queue: their latency grows (Little's law). A rate
         # that did not grow while they did not queue is noise: more in flight are tried.
         queued = w.latency <= 0 or w.latency >= GROWTH * self._alone  # (0: not measured)
-        saturated = last is not None and w.rate < last.rate * pays and queued
-        if saturated and again is None and last is not None:
-            # One window of each can be noise: the setting before is measured again (A/B/A).
-            self._again, self.threads, self.processes = w, last.threads, last.processes
-            return None
-        self._last = w
+        saturated, grown = False, 0.0
+        if last is not None and queued and w.in_flight > last.in_flight:
+            # A doubling pays while the rate may still grow MARGIN: a rate that saturates as
+            # slowly as reads queueing for a storage gives ``1 / rate = L0 / n + 1 / C``, so
+            # a step of ``k`` times the reads that gained ``g`` leaves ``1 / (1 - (g - 1) /
+            # (k - 1))`` to come. Within the windows' noise of that, both are measured again.
+            step = w.in_flight / last.in_flight - 1
+            grown = (w.rate / last.rate - 1) / step
+            gain = math.log(w.rate / last.rate / (1 + step * MARGIN / (1 + MARGIN)))
+            counts = self._count.get(last.in_flight, 1), self._count.get(w.in_flight, 1)
+            se = self.noise() * math.hypot(*(c**-0.5 for c in counts))
+            if abs(gain) < se and self._repeats < REPEATS:
+                again = last if counts[0] <= counts[1] else w
+                self._upper, self._repeats = w, self._repeats + 1
+                self.threads, self.processes = again.threads, again.processes
+                return None
+            saturated = gain < 0
+            grown = grown if math.log(w.rate / last.rate) > se else 0.0  # (beyond the noise)
+        self._last, self._repeats = w, 0
         if not saturated and most > w.in_flight:
             return self._double(w, most)
         best = max(self._at.values(), key=lambda m: m.rate, default=w)
-        if saturated:
-            most, bound = min(most, self.reaching(best.rate)), Bound.LATENCY
-            if self.processes:  # a doubling that added loaders did not pay: they go
-                most = min(most, self.limits.threads * self.processes)
+        fewest = self.processes = w.processes  # (measuring ``last`` again moved them)
+        # The fewest within MARGIN of the most the rate may reach (a budget cut the growth
+        # short, or the storage saturated)
+        ceiling = max(best.rate, w.rate / (1 - grown)) if saturated and grown > 0 else best.rate
+        most, bound = min(most, self.reaching(ceiling)), Bound.LATENCY if saturated else bound
+        if fewest:  # the loaders a trial kept, or more where their threads cannot hold ``most``
+            fewest = max(self._kept, -(-most // self.limits.threads))
         self.inputs = self._inputs(best, best.rate, most)
         if self.queued_in_loader(w):  # (the window with the most threads waiting)
             rate = best.rate  # (what the reads delivered at best: more loaders must beat it)
             if self._loaders_pay(w, rate):
                 return self._try_loaders(w, rate, most, bound)
             bound = Bound.INTERPRETER
+        self.processes = fewest  # (loaders a doubling added that did not pay go)
         self._move(most)
         self._settle(bound, w)
 
@@ -243,29 +267,36 @@ class Model:
             self._move(in_flight)
             return self._settle(bound, window)
         last = self._trial[0].merged(*self._trial[1:])
-        self.phase, self._last = "grow", last
+        self.phase, self._last, self._kept = "grow", last, self.processes
         self._at = {last.in_flight: last}  # (measured with fewer loaders before)
+        self._count = {last.in_flight: TRIAL_WINDOWS}
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
         if scaled and self._loaders_pay(last, rate):  # interpreters still bind
             return self._try_loaders(last, rate, last.in_flight, bound)
         self._double(last, self.budgets(last)[0])
 
     def _watch(self, w: Window) -> None:
-        ref = self._reference
-        if ref is None or self._references < WATCH:
-            self._reference = w if ref is None else ref.merged(w)
+        """The last WATCH windows, merged, against those before them at the setting."""
+        if self._reference is None or self._references < WATCH:
+            self._reference = self._merge(self._reference, w, self._references)
             self._references += 1
             return
+        if len(self._recent) == WATCH:
+            self._reference = self._merge(self._reference, self._recent[0], self._references)
+            self._references += 1
         self._recent.append(w)
+        ref = self._reference
         if len(self._recent) < WATCH:
             return
         now = self._recent[0].merged(*list(self._recent)[1:])
-        moved = not ref.rate / DRIFT <= now.rate <= ref.rate * DRIFT
+        # (DRIFT, or three standard deviations of the windows' noise, merged, if more)
+        se = self.noise() * math.sqrt(1 / WATCH + 1 / self._references)
+        moved = abs(math.log(now.rate / ref.rate)) > max(math.log(DRIFT), 3 * se)
         waits = (now.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
         if moved or waits:  # something changed: measure again, a read alone first
             self.phase, self.bound, self.threads = "grow", Bound.MEASURING, 1
             self._floor, self._last, self._tried = None, None, set()
-            self._again, self._at = None, {}
+            self._repeats, self._at, self._count = 0, {}, {}
 
     def _move(self, in_flight: int) -> None:
         self.threads = max(1, min(self.limits.threads, -(-in_flight // max(1, self.processes))))
