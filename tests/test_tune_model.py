@@ -185,6 +185,14 @@ def test_tuned_again_when_the_consumer_slows_down(cores: int) -> None:
     assert delivered(paced, model.threads, model.processes) >= 0.95 / paced.consumer
 
 
+@pytest.mark.parametrize("noise", [0.05, 0.2])
+def test_the_windows_noise_is_measured(noise: float) -> None:
+    """Formula 3 measures a gain again where it lies within the windows' noise: that noise is
+    the spread of windows of one setting, whatever the settings the tuner moved through."""
+    model, _ = run(_storages(16)["gil"], noise=noise, windows=80, seed=1)
+    assert 0.75 * noise <= model.noise() <= 1.25 * noise
+
+
 def test_reading_in_this_process_never_adds_loaders() -> None:
     s = _storages(16)["gil"]
     model, settings = run(s, processes=0, noise=0.1, windows=SETTLED_WITHIN + 5)

@@ -266,6 +266,7 @@ def test_the_report_gives_the_setting_by_hand() -> None:
     rate = report.rate / report.group_rows  # groups per second
     assert report.in_flight == math.ceil(rate * report.latency * 1.1) == 4
     assert report.threads == min(report.in_flight, report.budget) == 4
+    assert 0 < report.noise < 1  # (the windows' spread at one setting: formula 3's sigma)
     assert "bound by consumer: 10,000 rows/s x 30.0 ms a group of 100 rows -> 4" in str(report)
 
 

@@ -149,6 +149,8 @@ class Model:
                 self._alone = min(self._alone, w.latency)
             if self.phase in ("grow", "trial"):
                 n, seen = w.in_flight, self._at.get(w.in_flight)
+                if seen is not None and seen.processes != w.processes:  # (another setting)
+                    seen, self._count[n] = None, 0
                 self._at[n] = self._merge(seen, w, self._count.get(n, 0))
                 self._count[n] = self._count.get(n, 0) + 1
         {"warm-up": self._warm, "settled": self._watch, "trial": self._judge}.get(

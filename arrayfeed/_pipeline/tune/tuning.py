@@ -130,6 +130,7 @@ class Tuner:
                 reader_cores=inputs.get("reader_cores", 0.0),
                 consumer_cores=inputs.get("consumer_cores", 0.0),
                 interpreter_cores=inputs.get("interpreter_cores", 0.0),
+                noise=model.noise(),
                 data_wait=self.meter.data_wait,
                 rates=dict(self.rates),
                 process_rates=dict(self.process_rates),
