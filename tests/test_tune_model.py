@@ -29,7 +29,8 @@ def settled_within(cores: int) -> int:
     """Windows within which every case settles (the first is not counted): doubling the
     groups in flight from one, the loaders to one per core, each trial of loaders three
     windows, and the doublings whose gain lies within the windows' noise of paying measured
-    again (``REPEATS`` windows each, two such doublings)."""
+    again (``REPEATS`` windows each; two such doublings: what the cases here take, not a bound
+    of the model)."""
     return 11 + 3 * math.ceil(math.log2(cores)) + 2 * REPEATS
 
 
@@ -183,6 +184,29 @@ def test_tuned_again_when_the_consumer_slows_down(cores: int) -> None:
     assert model.phase == "settled" and model.bound is Bound.CONSUMER, settings
     assert model.threads * model.processes < before, settings
     assert delivered(paced, model.threads, model.processes) >= 0.95 / paced.consumer
+
+
+def test_a_consumer_that_waits_a_little_is_left_settled() -> None:
+    """Reads bound by 2 cores deliver 0.85 of what a GPU-bound consumer takes: it waits 15 %
+    of its time, steadily, and the setting stays (a wait share between WAITED and twice it is
+    neither a consumer that starts waiting nor one that stops)."""
+    s = Storage(cpu=0.02, cores=2, consumer=0.0085, consumer_cpu=0.0)
+    model, settings = run(s, windows=SETTLED_WITHIN + 40)
+    assert model.last is not None and 0.1 <= model.last.wait_share <= 0.2
+    after = settings[settled_within(2) + 1 :]
+    assert model.phase == "settled" and len(set(after)) == 1, after
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_loaders_that_only_held_threads_go_with_a_trial_that_did_not_pay(seed: int) -> None:
+    """Loaders of 4 threads at most, on a storage that queues its reads: the doublings add
+    loaders to hold the threads, and the trial of more does not pay; the setting keeps the
+    loaders its reads in flight need, no more (a tie goes to fewer loaders)."""
+    s = Storage(wait=0.02, cpu=0.0002, capacity=200, cores=16)
+    model = Model(1, 1, Limits(cores=16, memory=256, threads=4, processes=16))
+    model, settings = run(s, noise=0.1, windows=SETTLED_WITHIN + 10, seed=seed, model=model)
+    in_flight = model.threads * model.processes
+    assert model.phase == "settled" and model.processes == -(-in_flight // 4), settings
 
 
 @pytest.mark.parametrize("noise", [0.05, 0.2])

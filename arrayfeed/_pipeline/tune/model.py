@@ -82,6 +82,7 @@ class Model:
         self._reference: Window | None = None  # what the settled setting delivered
         self._references = 0  # windows merged in it
         self._recent: deque[Window] = deque(maxlen=WATCH)
+        self._previous: Window | None = None  # the last window watched
 
     def little(self, rate: float) -> int:
         latency = self._floor[1] if self._floor is not None else 0.0
@@ -140,6 +141,8 @@ class Model:
 
     def observe(self, w: Window) -> None:
         """Take a window measured at the current setting; may change the setting."""
+        if w.groups <= 0:  # (nothing taken: no rate to go by)
+            return
         self.windows, self.last = self.windows + 1, w
         if self.phase != "warm-up":  # (caches warm, threads start: not counted)
             if self._floor is None or w.in_flight < self._floor[0]:
@@ -191,6 +194,7 @@ class Model:
         if self._repeats and self._upper is not None:  # one of the two measured again
             w = self._upper
         w = self._at.get(w.in_flight, w)
+        self.threads, self.processes = w.threads, w.processes  # (``last`` may be measured now)
         last = self._at.get(last.in_flight, last) if last is not None else None
         most, bound = self.budgets(w)
         # Reads that saturate something queue: their latency grows (Little's law). A rate
@@ -215,10 +219,11 @@ class Model:
             saturated = gain < 0
             grown = grown if math.log(w.rate / last.rate) > se else 0.0  # (beyond the noise)
         self._last, self._repeats = w, 0
-        if not saturated and most > w.in_flight:
+        grew = last is None or w.in_flight > last.in_flight  # (else a cap held them)
+        if not saturated and most > w.in_flight and grew:
             return self._double(w, most)
         best = max(self._at.values(), key=lambda m: m.rate, default=w)
-        fewest = self.processes = w.processes  # (measuring ``last`` again moved them)
+        fewest = w.processes
         # The fewest within MARGIN of the most the rate may reach (a budget cut the growth
         # short, or the storage saturated)
         ceiling = max(best.rate, w.rate / (1 - grown)) if saturated and grown > 0 else best.rate
@@ -229,7 +234,7 @@ class Model:
         if self.queued_in_loader(w):  # (the window with the most threads waiting)
             rate = best.rate  # (what the reads delivered at best: more loaders must beat it)
             if self._loaders_pay(w, rate):
-                return self._try_loaders(w, rate, most, bound)
+                return self._try_loaders(w, rate, most, bound, fewest)
             bound = Bound.INTERPRETER
         self.processes = fewest  # (loaders a doubling added that did not pay go)
         self._move(most)
@@ -246,11 +251,13 @@ class Model:
             self.processes = max(self.processes, -(-in_flight // self.limits.threads))
         self._move(in_flight)
 
-    def _try_loaders(self, w: Window, rate: float, in_flight: int, bound: Bound) -> None:
+    def _try_loaders(
+        self, w: Window, rate: float, in_flight: int, bound: Bound, fewest: int
+    ) -> None:
         """Twice the loaders, each with the in flight one had (``in_flight`` in all); else
         ``in_flight``. Reads that queue deliver less than Little's law over a read alone says,
         so the in flight a loader measured, not that, is what each new one gets."""
-        self._back = (self.threads, self.processes, rate, w, in_flight, bound, self.inputs)
+        self._back = (self.threads, fewest, rate, w, in_flight, bound, self.inputs)
         count = min(self.limits.processes, 2 * self.processes)
         target = min(in_flight * count // self.processes, self.budgets(w)[0])
         self.processes, self.phase, self._trial = count, "trial", []
@@ -274,17 +281,21 @@ class Model:
         self._count = {last.in_flight: TRIAL_WINDOWS}
         scaled = rate >= before * PROPORTIONAL * self.processes / processes
         if scaled and self._loaders_pay(last, rate):  # interpreters still bind
-            return self._try_loaders(last, rate, last.in_flight, bound)
+            return self._try_loaders(last, rate, last.in_flight, bound, self.processes)
         self._double(last, self.budgets(last)[0])
 
     def _watch(self, w: Window) -> None:
         """The last WATCH windows, merged, against those before them at the setting."""
+        if self._previous is not None:  # (successive windows: a lasting change counts once)
+            self._spread += math.log(w.rate / self._previous.rate) ** 2 / 2
+            self._pairs += 1
+        self._previous = w
         if self._reference is None or self._references < WATCH:
-            self._reference = self._merge(self._reference, w, self._references)
+            self._reference = w if self._reference is None else self._reference.merged(w)
             self._references += 1
             return
         if len(self._recent) == WATCH:
-            self._reference = self._merge(self._reference, self._recent[0], self._references)
+            self._reference = self._reference.merged(self._recent[0])
             self._references += 1
         self._recent.append(w)
         ref = self._reference
@@ -294,7 +305,9 @@ class Model:
         # (DRIFT, or three standard deviations of the windows' noise, merged, if more)
         se = self.noise() * math.sqrt(1 / WATCH + 1 / self._references)
         moved = abs(math.log(now.rate / ref.rate)) > max(math.log(DRIFT), 3 * se)
-        waits = (now.wait_share >= 2 * WAITED) != (ref.wait_share >= WAITED)
+        waits = (
+            now.wait_share >= 2 * WAITED if ref.wait_share < WAITED else now.wait_share < WAITED / 2
+        )
         if moved or waits:  # something changed: measure again, a read alone first
             self.phase, self.bound, self.threads = "grow", Bound.MEASURING, 1
             self._floor, self._last, self._tried = None, None, set()
@@ -309,7 +322,7 @@ class Model:
         same = (w.threads, w.processes) == (self.threads, self.processes)
         self.phase, self.bound, self._reference = "settled", bound, w if same else None
         self._references, self._recent = int(same), deque(maxlen=WATCH)
-        self.settled_after = self.windows
+        self.settled_after, self._repeats, self._upper, self._previous = self.windows, 0, None, None
 
     def _inputs(self, w: Window, rate: float, little: int) -> dict[str, float]:
         latency = self._floor[1] if self._floor is not None else w.latency

@@ -44,8 +44,9 @@ class Tuning:
         cores: Cores this process may use.
         reader_cores, consumer_cores, interpreter_cores: Cores the readers, the consumer (this
             process less its readers) and the busiest interpreter that reads used.
-        noise: The standard deviation of a window's log rate at one setting, as measured
-            (formula 3 measures again a gain within it of paying).
+        noise: The standard deviation of a window's log rate at one setting (0.1 until windows
+            of one setting were measured twice; formula 3 measures again a gain within it of
+            paying).
         data_wait: The consumer's share of the last whole pass (epoch) spent waiting for data
             (MLPerf Storage's accelerator utilisation is one minus it); None before a pass ended.
         rates, process_rates: Rows/s measured at each number of groups in flight, and of
