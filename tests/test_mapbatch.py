@@ -28,6 +28,18 @@ def test_the_probe_learns_structure_specs_and_time() -> None:
     assert seconds >= 0
 
 
+def test_the_probe_leaves_out_time_its_thread_waited_for_a_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Other processes keeping every core busy while the probe runs are not the map's cost: a
+    map timed while its thread waited for a core (here a second of it, more than the call took
+    by the clock) is not sized as a slow one (its groups one batch long)."""
+    ticks = iter([0.0, 1.0])
+    monkeypatch.setattr("arrayfeed._pipeline.read.mapbatch.queued", lambda: next(ticks))
+    _, seconds = probe(lambda b: b, BATCH, rows=8, batch_size=8)
+    assert seconds == 0.0
+
+
 @pytest.mark.parametrize(
     ("fn", "error", "message"),
     [

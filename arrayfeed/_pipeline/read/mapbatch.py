@@ -22,6 +22,7 @@ import numpy as np
 from ..._dtypes import native_dtype
 from ..._errors import DtypeError, MapBatchError, StructureError
 from .structure import Treedef, flatten
+from .waits import queued
 
 __all__ = ["Contract", "LeafSpec", "is_array", "probe"]
 
@@ -90,15 +91,18 @@ def probe(
     map_batch: Callable[[Any], Any], batch: Any, rows: int, batch_size: int
 ) -> tuple[Contract, float]:
     """Call ``map_batch`` on ``batch`` (the first ``rows`` rows, in storage order) to learn its
-    contract, and the seconds it takes per batch of ``batch_size`` rows."""
-    started = time.perf_counter()
+    contract, and the seconds it takes per batch of ``batch_size`` rows: by the clock, less the
+    time its thread waited for a core (other processes keeping every core busy are not the
+    map's cost; a map that waits for a service still counts its wait)."""
+    started, waited = time.perf_counter(), queued()
     try:
         result = map_batch(batch)
     except Exception as exc:
         raise MapBatchError(
             f"`map_batch` raised {type(exc).__name__} on a first batch of {rows} rows: {exc}"
         ) from exc
-    seconds = (time.perf_counter() - started) * batch_size / max(1, rows)
+    took = max(0.0, time.perf_counter() - started - (queued() - waited))
+    seconds = took * batch_size / max(1, rows)
     arrays, treedef = _arrays(result)
     specs = []
     for name, array in zip(treedef.leaf_paths(RESULT), arrays, strict=True):

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["PLACES", "PROBE_SECONDS", "PROBES", "Timing", "places", "wait_per_batch"]
+__all__ = ["PLACES", "PROBE_SECONDS", "PROBES", "Timing", "places", "queued", "wait_per_batch"]
 
 #: Reads timed while the other threads are idle: the least of their waits counts.
 PROBES = 2
@@ -52,7 +52,7 @@ PLACES = 16
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 
 
-def _queued() -> float:
+def queued() -> float:
     """Seconds this thread has spent ready to run but not running (0 where not kept)."""
     try:
         with open(_SCHEDSTAT, "rb") as f:
@@ -68,13 +68,13 @@ class Timing:
     __slots__ = ("others", "queued", "took", "used")
 
     def __init__(self, read: Callable[[np.ndarray], object], indices: np.ndarray) -> None:
-        queued = _queued()
+        ready = queued()
         began, mine, ours = time.perf_counter(), time.thread_time(), time.process_time()
         read(indices)
         self.took = time.perf_counter() - began
         self.used = time.thread_time() - mine
         self.others = max(0.0, time.process_time() - ours - self.used)
-        self.queued = max(0.0, _queued() - queued)
+        self.queued = max(0.0, queued() - ready)
 
     @property
     def waited(self) -> float:
