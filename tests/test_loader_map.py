@@ -187,8 +187,9 @@ def test_batches_stream_is_the_threads_stream_bit_for_bit(
 ) -> None:
     monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.MIN_BLOCK_BYTES", 1)
     monkeypatch.setattr("arrayfeed._pipeline.plan.shuffles.WINDOW_BYTES", 2048)
-    if stacked:  # (a map timed while a neighbour holds the cores still makes groups)
+    if stacked:  # (a map or a read timed while a neighbour holds the cores: still groups)
         monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_MAP_SECONDS", 60.0)
+        monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_WAIT_SECONDS", 60.0)
     else:
         monkeypatch.setattr("arrayfeed._pipeline.read.feed.GROUP_BYTES", 1)
     kwargs = CONFIGS[config]
