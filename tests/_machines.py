@@ -93,9 +93,14 @@ def best(s: Storage, processes: bool = True, memory: int = 256) -> float:
     return max(delivered(s, t, p) for t, p in settings)
 
 
-def window(s: Storage, threads: int, processes: int, rng: random.Random, noise: float) -> Window:
-    """What the tuner measures of one window at a setting."""
+def window(
+    s: Storage, threads: int, processes: int, rng: random.Random, noise: float, tail: float = 0.0
+) -> Window:
+    """What the tuner measures of one window at a setting; ``tail``: the share of windows whose
+    noise is 4 x ``noise`` (a shared machine's windows dip or leap now and then)."""
     loaders = max(1, processes)
+    if tail and rng.random() < tail:
+        noise *= 4
     rate = supply(s, threads, processes)
     reads_bind = not s.consumer or rate < 1 / s.consumer
     taken = (rate if reads_bind else 1 / s.consumer) * math.exp(rng.gauss(0, noise))
@@ -134,6 +139,7 @@ def run(
     seed: int = 0,
     memory: int = 256,
     model: Model | None = None,
+    tail: float = 0.0,
 ) -> tuple[Model, list[tuple[int, int]]]:
     """A model driven through ``windows`` windows of ``s``: it, and the settings it measured."""
     rng = random.Random(seed)
@@ -145,5 +151,5 @@ def run(
     settings = []
     for _ in range(windows):
         settings.append((model.threads, model.processes))
-        model.observe(window(s, model.threads, model.processes, rng, noise))
+        model.observe(window(s, model.threads, model.processes, rng, noise, tail))
     return model, settings
