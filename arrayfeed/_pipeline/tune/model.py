@@ -255,8 +255,9 @@ class Model:
         self, w: Window, rate: float, in_flight: int, bound: Bound, fewest: int
     ) -> None:
         """Twice the loaders, each with the in flight one had (``in_flight`` in all); else
-        ``in_flight``. Reads that queue deliver less than Little's law over a read alone says,
-        so the in flight a loader measured, not that, is what each new one gets."""
+        ``in_flight`` over ``fewest`` loaders. Reads that queue deliver less than Little's law
+        over a read alone says, so the in flight a loader measured, not that, is what each new
+        one gets."""
         self._back = (self.threads, fewest, rate, w, in_flight, bound, self.inputs)
         count = min(self.limits.processes, 2 * self.processes)
         target = min(in_flight * count // self.processes, self.budgets(w)[0])
